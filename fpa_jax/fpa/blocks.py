@@ -1,0 +1,86 @@
+"""Per-block statistics of the field that the blocked FPA forward and backward share.
+
+For a field phi [T] cut into nb blocks of size n (block b = [b n, (b+1) n)):
+
+    prefix_min[b, t]  = min_{bn <= u <= t} phi_u           inclusive, query side (C_t)
+    suffix_min[b, s]  = min_{s < u < (b+1)n} phi_u          exclusive, key side (A_s), BIG if empty
+    block_min[b]      = min over the block                  gap blocks (G)
+    diag_min[b, t, s] = min_{s < u <= t} phi_u              diagonal tiles, meaningful for s < t
+
+An off-diagonal tile (query block i, key block j < i) has R_ts = min(A_s, G, C_t) with
+G = min(block_min[j+1 .. i-1]). The backward also needs the soft-minimum masses, each taken
+relative to its own hard minimum so that no exponent is positive:
+
+    prefix_mass[b, t] = sum_{bn <= u <= t} exp(-(phi_u - C_t) / tau)          >= 1
+    suffix_mass[b, s] = sum_{s < u < (b+1)n} exp(-(phi_u - A_s) / tau)        >= 1, 0 if empty
+    block_mass[b]     = sum_{u in b} exp(-(phi_u - block_min[b]) / tau)        >= 1
+    diag_log_mass[b, t, s] = log sum_{s < u <= t} exp(-(phi_u - block_min[b]) / tau)
+"""
+
+from typing import NamedTuple
+
+import jax.numpy as jnp
+from jax import lax
+
+BIG = 1e30  # stands for +inf in minima without creating inf - inf
+
+
+class FieldBlocks(NamedTuple):
+    phi: jnp.ndarray          # [nb, n]
+    prefix_min: jnp.ndarray   # [nb, n]
+    suffix_min: jnp.ndarray   # [nb, n]
+    block_min: jnp.ndarray    # [nb]
+    diag_min: jnp.ndarray     # [nb, n(t), n(s)]
+
+
+class FieldMasses(NamedTuple):
+    prefix_mass: jnp.ndarray    # [nb, n]
+    suffix_mass: jnp.ndarray    # [nb, n]
+    block_mass: jnp.ndarray     # [nb]
+    diag_log_mass: jnp.ndarray  # [nb, n(t), n(s)]
+
+
+def _later(n):
+    """[n(s), n(u)] bool: u > s."""
+    return jnp.arange(n)[None, :] > jnp.arange(n)[:, None]
+
+
+def field_blocks(phi, block_size):
+    """phi [T] (T a multiple of block_size) -> FieldBlocks."""
+    blocks = phi.reshape(-1, block_size)
+    reverse_min = lax.cummin(blocks, axis=1, reverse=True)
+    suffix_min = jnp.concatenate([reverse_min[:, 1:], jnp.full_like(blocks[:, :1], BIG)], axis=1)
+    later = _later(block_size)
+    rows = lax.cummin(jnp.where(later, blocks[:, None, :], BIG), axis=2)  # [b, s, t]
+    return FieldBlocks(
+        phi=blocks,
+        prefix_min=lax.cummin(blocks, axis=1),
+        suffix_min=suffix_min,
+        block_min=blocks.min(axis=1),
+        diag_min=jnp.swapaxes(rows, 1, 2),
+    )
+
+
+def field_masses(fb: FieldBlocks, tau):
+    """Soft-minimum masses of every block, each relative to its hard minimum."""
+    n = fb.phi.shape[1]
+    later = _later(n)  # [s, u]
+    upto = ~later      # [t, u]: u <= t
+    phi_u = fb.phi[:, None, :]
+    prefix = jnp.where(upto, jnp.exp(-(phi_u - fb.prefix_min[:, :, None]) / tau), 0.0).sum(-1)
+    suffix = jnp.where(later, jnp.exp(-jnp.maximum(phi_u - fb.suffix_min[:, :, None], 0.0) / tau),
+                       0.0).sum(-1)
+    relative = fb.phi - fb.block_min[:, None]
+    log_mass = lax.cumlogsumexp(jnp.where(later, -relative[:, None, :] / tau, -BIG), axis=2)
+    return FieldMasses(
+        prefix_mass=prefix,
+        suffix_mass=suffix,
+        block_mass=jnp.exp(-relative / tau).sum(-1),
+        diag_log_mass=jnp.swapaxes(log_mass, 1, 2),
+    )
+
+
+def off_diagonal_range_min(suffix_min_j, gap_min, prefix_min_i):
+    """R [nb, n(t), n(s)] = min(A_s, G, C_t) for a batch of off-diagonal tiles."""
+    key_side = jnp.minimum(suffix_min_j, gap_min[:, None])
+    return jnp.minimum(key_side[:, None, :], prefix_min_i[:, :, None])
