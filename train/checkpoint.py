@@ -1,0 +1,653 @@
+"""Checkpoints of a training run: Orbax CheckpointManager, restorable onto any sharding.
+
+    run_dir/config.json, run_dir/tokenizer/      written once per run (`save_run_files`)
+    <directory>/<step>/state/      the train-state pytree (Orbax StandardSave); typed PRNG keys
+                                   are stored as their uint32 key data and re-wrapped on restore
+    <directory>/<step>/iterator/   data-iterator state, one JSON file per process
+    <directory>/<step>/record/     JSON: step, wall_time, versions, config,
+                                   spectral_shift_applied, extra, leaves [{path, shape, dtype,
+                                   fingerprint}], prng_keys {path: impl}
+    <directory>/quarantine/        unreadable steps moved aside after a fallback restore
+
+    fingerprint(x) = sum_i bits(x_i) * w_i  (mod 2^32),  bits = the element's raw bits as
+                     uint32, w_i odd and depending on the element's index, so any single
+                     changed element changes it; computed on device, independent of sharding.
+
+Atomicity (Orbax 0.12.8, read in its source; exercised in tests/train/test_checkpoint.py):
+a step is written into `<step>.orbax-checkpoint-tmp` (its items into `<item>.orbax-
+checkpoint-tmp` inside) and renamed to `<step>` once every item is written; steps without
+the final name are invisible. Old steps (beyond `max_to_keep`) are deleted only in the
+save's finalize phase, after the new step is committed; a save that fails or is killed
+deletes nothing. Leftover tmp directories are reported and removed when a Checkpointer
+opens.
+
+Restore (`restore_latest`) walks the steps newest first. A step whose files are missing,
+truncated or altered (fingerprint mismatch), or whose record/iterator state is unreadable,
+is logged and skipped; once an older step restores, the unreadable newer steps are moved to
+`quarantine/` so that training can save those step numbers again. A mismatch between the
+requested abstract state and the recorded tree (paths, shapes, dtypes) is a caller error:
+ValueError, nothing skipped. Arrays land on the shardings of the abstract state, so a run
+saved on one device count restores onto another.
+
+Preemption: `install_preemption_handler()` returns a flag that SIGTERM/SIGINT set; the loop
+checks it each step, saves with `force=True`, calls `wait_until_finished()` and exits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import importlib.metadata
+import json
+import logging
+import os
+import platform
+import shutil
+import signal
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+
+log = logging.getLogger(__name__)
+
+TMP_MARKER = ".orbax-checkpoint-tmp"
+QUARANTINE_DIRNAME = "quarantine"
+CONFIG_FILENAME = "config.json"
+TOKENIZER_DIRNAME = "tokenizer"
+_TUPLE_TAG = "__tuple__"
+_VERSIONED_PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "grain",
+                       "tokenizers", "numpy")
+
+
+# ----------------------------------------------------------------------------- JSON helpers
+
+
+def _tag_tuples(value: Any, where: str) -> Any:
+    if isinstance(value, tuple):
+        return {_TUPLE_TAG: [_tag_tuples(v, where) for v in value]}
+    if isinstance(value, list):
+        return [_tag_tuples(v, where) for v in value]
+    if isinstance(value, dict):
+        if _TUPLE_TAG in value or not all(isinstance(k, str) for k in value):
+            raise TypeError(f"{where}: dict keys must be strings other than {_TUPLE_TAG!r}")
+        return {k: _tag_tuples(v, where) for k, v in value.items()}
+    if isinstance(value, (np.bool_, np.integer, np.floating)):
+        return value.item()
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    raise TypeError(f"{where}: cannot store {type(value).__name__} {value!r} as JSON")
+
+
+def _untag_tuples(value: Any) -> Any:
+    if isinstance(value, list):
+        return [_untag_tuples(v) for v in value]
+    if isinstance(value, dict):
+        if set(value) == {_TUPLE_TAG}:
+            return tuple(_untag_tuples(v) for v in value[_TUPLE_TAG])
+        return {k: _untag_tuples(v) for k, v in value.items()}
+    return value
+
+
+def encode_iterator_state(state: Mapping[str, Any]) -> str:
+    """JSON text of a data-iterator state that keeps tuples as tuples (grain needs them)."""
+    return json.dumps(_tag_tuples(state, "data_iterator state"), sort_keys=True)
+
+
+def decode_iterator_state(text: str) -> Any:
+    """Inverse of `encode_iterator_state`."""
+    return _untag_tuples(json.loads(text))
+
+
+def _json_safe(value: Any, where: str) -> Any:
+    """`value` as plain JSON types (tuples -> lists, numpy scalars -> Python, paths -> str)."""
+    if isinstance(value, Mapping):
+        return {str(k): _json_safe(v, f"{where}.{k}") for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if isinstance(value, (np.bool_, np.integer, np.floating)):
+        return value.item()
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    raise TypeError(f"{where}: cannot store {type(value).__name__} {value!r} as JSON")
+
+
+def library_versions() -> dict[str, str]:
+    versions = {"python": platform.python_version()}
+    for package in _VERSIONED_PACKAGES:
+        try:
+            versions[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            versions[package] = "not installed"
+    return versions
+
+
+# ----------------------------------------------------------------------------- run files
+
+
+def save_run_files(
+    run_dir: str | os.PathLike, *, config: Mapping[str, Any], tokenizer=None
+) -> None:
+    """Writes run_dir/config.json and run_dir/tokenizer/ once, beside the checkpoints.
+
+    config: the run's JSON-serialisable config dict. If config.json exists with different
+        content (a resumed run with changed settings), it is kept and the new config is written
+        to config.<UTC time>.json, with a warning.
+    tokenizer: a train.tokenizer tokenizer or None. An existing run_dir/tokenizer must have
+        the same fingerprint (ValueError otherwise: changing tokenisation mid-run is an error).
+    """
+    run = Path(run_dir)
+    run.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(_json_safe(config, "config"), indent=2, sort_keys=True) + "\n"
+    config_path = run / CONFIG_FILENAME
+    if not config_path.exists():
+        config_path.write_text(text)
+    elif config_path.read_text() != text:
+        stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        config_path.with_name(f"config.{stamp}.json").write_text(text)
+        log.warning("config differs from %s; kept it and wrote config.%s.json", config_path, stamp)
+    if tokenizer is None:
+        return
+    tokenizer_dir = run / TOKENIZER_DIRNAME
+    if tokenizer_dir.exists():
+        from train.tokenizer import load_tokenizer
+
+        saved = load_tokenizer(tokenizer_dir)
+        if saved.fingerprint != tokenizer.fingerprint:
+            raise ValueError(
+                f"tokenizer: differs from the one saved in {tokenizer_dir} "
+                f"({tokenizer!r} vs {saved!r}); a run keeps one tokenizer"
+            )
+    else:
+        tokenizer.save(tokenizer_dir)
+
+
+def load_run_config(run_dir: str | os.PathLike) -> dict[str, Any]:
+    """The config dict written by `save_run_files`."""
+    return json.loads((Path(run_dir) / CONFIG_FILENAME).read_text())
+
+
+# ----------------------------------------------------------------------------- iterator item
+
+
+class _IteratorStateHandler(ocp.CheckpointHandler):
+    """One JSON file per process: process_<i>-of-<n>.json (states differ between processes)."""
+
+    def save(self, directory, args: "IteratorStateSave"):
+        name = f"process_{jax.process_index()}-of-{jax.process_count()}.json"
+        (Path(directory) / name).write_text(args.state_json)
+
+    def restore(self, directory, args: "IteratorStateRestore" = None):
+        name = f"process_{jax.process_index()}-of-{jax.process_count()}.json"
+        path = Path(directory) / name
+        if not path.is_file():
+            present = sorted(p.name for p in Path(directory).glob("process_*.json"))
+            raise FileNotFoundError(f"{path} missing (present: {present})")
+        return decode_iterator_state(path.read_text())
+
+    def metadata(self, directory):
+        return None
+
+
+@ocp.args.register_with_handler(_IteratorStateHandler, for_save=True)
+@dataclasses.dataclass
+class IteratorStateSave(ocp.args.CheckpointArgs):
+    state_json: str
+
+
+@ocp.args.register_with_handler(_IteratorStateHandler, for_restore=True)
+@dataclasses.dataclass
+class IteratorStateRestore(ocp.args.CheckpointArgs):
+    pass
+
+
+# ----------------------------------------------------------------------------- state helpers
+
+
+def _is_prng_key(x: Any) -> bool:
+    return jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
+
+
+def _storable_state(state: Any) -> tuple[Any, dict[str, str]]:
+    """Replaces typed PRNG key arrays by their uint32 key data; returns (tree, {path: impl})."""
+    impls: dict[str, str] = {}
+
+    def convert(path, leaf):
+        if not hasattr(leaf, "shape") or not hasattr(leaf, "dtype"):
+            raise TypeError(
+                f"state{jax.tree_util.keystr(path)}: expected an array, got {type(leaf).__name__}"
+            )
+        if _is_prng_key(leaf):
+            impls[jax.tree_util.keystr(path)] = str(jax.random.key_impl(leaf))
+            return jax.random.key_data(leaf)
+        return leaf
+
+    return jax.tree_util.tree_map_with_path(convert, state), impls
+
+
+def _abstract_storable(abstract_state: Any) -> tuple[Any, dict[str, str]]:
+    """ShapeDtypeStructs (with shardings) of what `_storable_state` stores; {path: key dtype}."""
+    key_dtypes: dict[str, str] = {}
+
+    def convert(path, leaf):
+        where = f"abstract_state{jax.tree_util.keystr(path)}"
+        if isinstance(leaf, jax.Array):
+            leaf = jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=leaf.sharding)
+        if not isinstance(leaf, jax.ShapeDtypeStruct):
+            raise TypeError(
+                f"{where}: expected jax.ShapeDtypeStruct or jax.Array, got {type(leaf).__name__}"
+            )
+        if leaf.sharding is None:
+            raise ValueError(
+                f"{where}: has no sharding; pass jax.ShapeDtypeStruct(shape, dtype, sharding=...)"
+            )
+        if _is_prng_key(leaf):
+            key_dtypes[jax.tree_util.keystr(path)] = str(leaf.dtype)
+            data = jax.eval_shape(jax.random.key_data, leaf)
+            return jax.ShapeDtypeStruct(data.shape, data.dtype, sharding=leaf.sharding)
+        return leaf
+
+    return jax.tree_util.tree_map_with_path(convert, abstract_state), key_dtypes
+
+
+_FINGERPRINT_MULTIPLIERS = (0x9E3779B1, 0x85EBCA77, 0xC2B2AE3D, 0x27D4EB2F, 0x165667B1,
+                            0xD3A2646C, 0xFD7046C5, 0xB55A4F09)
+
+
+def _leaf_fingerprint(x: jax.Array) -> jax.Array:
+    if x.dtype == jnp.bool_:
+        bits = x.astype(jnp.uint32)
+    elif x.dtype.itemsize in (1, 2):
+        narrow = jnp.uint8 if x.dtype.itemsize == 1 else jnp.uint16
+        bits = jax.lax.bitcast_convert_type(x, narrow).astype(jnp.uint32)
+    elif x.dtype.itemsize in (4, 8):
+        bits = jax.lax.bitcast_convert_type(x, jnp.uint32)  # 8-byte: trailing axis of 2
+    else:
+        raise TypeError(f"cannot fingerprint dtype {x.dtype}")
+    index_hash = jnp.zeros(bits.shape, jnp.uint32)
+    for axis in range(bits.ndim):
+        multiplier = jnp.uint32(_FINGERPRINT_MULTIPLIERS[axis % len(_FINGERPRINT_MULTIPLIERS)])
+        position = jax.lax.broadcasted_iota(jnp.uint32, bits.shape, axis)
+        index_hash = index_hash + position * multiplier
+    weights = index_hash * jnp.uint32(2) + jnp.uint32(1)
+    return jnp.sum(bits * weights, dtype=jnp.uint32)
+
+
+@jax.jit
+def _fingerprints(leaves: list[jax.Array]) -> list[jax.Array]:
+    return [_leaf_fingerprint(x) for x in leaves]
+
+
+def _leaf_records(storable: Any, with_fingerprints: bool) -> list[dict[str, Any]]:
+    flat, _ = jax.tree_util.tree_flatten_with_path(storable)
+    records = [
+        {"path": jax.tree_util.keystr(path), "shape": list(leaf.shape), "dtype": str(leaf.dtype)}
+        for path, leaf in flat
+    ]
+    if with_fingerprints and flat:
+        values = _fingerprints([leaf for _, leaf in flat])
+        for record, value in zip(records, values):
+            record["fingerprint"] = int(np.asarray(value.addressable_data(0)))  # replicated
+    return records
+
+
+def _all_processes(ok: bool) -> bool:
+    """True iff `ok` on every process (so that all processes take the same branch)."""
+    if jax.process_count() == 1:
+        return ok
+    from jax.experimental import multihost_utils
+
+    return bool(np.all(multihost_utils.process_allgather(np.asarray(ok))))
+
+
+def _check_tree_matches(recorded: list[dict], requested: list[dict], step: int) -> None:
+    def table(records):
+        return {r["path"]: (tuple(r["shape"]), r["dtype"]) for r in records}
+
+    saved, wanted = table(recorded), table(requested)
+    problems = [f"missing in checkpoint: {p}" for p in wanted if p not in saved]
+    problems += [f"not in abstract_state: {p}" for p in saved if p not in wanted]
+    problems += [
+        f"{p}: checkpoint {saved[p][0]} {saved[p][1]} vs requested {wanted[p][0]} {wanted[p][1]}"
+        for p in wanted if p in saved and saved[p] != wanted[p]
+    ]
+    if problems:
+        raise ValueError(
+            f"abstract_state: does not match the state saved at step {step}: "
+            + "; ".join(problems[:8])
+            + (f" (+{len(problems) - 8} more)" if len(problems) > 8 else "")
+        )
+
+
+# ----------------------------------------------------------------------------- checkpointer
+
+
+@dataclasses.dataclass
+class RestoredCheckpoint:
+    """step: the restored step; state: the train state on the requested shardings;
+    record: the JSON record saved with it (config, spectral_shift_applied, extra, ...)."""
+
+    step: int
+    state: Any
+    record: dict[str, Any]
+
+
+class UnreadableCheckpointError(RuntimeError):
+    """A step exists but cannot be restored faithfully (missing, truncated or altered data)."""
+
+
+class Checkpointer:
+    """Saves and restores train state + data-iterator state + a JSON record, one step at a time.
+
+    directory: where the steps live (e.g. run_dir / "checkpoints"); created if missing.
+    save_interval_steps: `save` writes only at multiples of this (or with force=True, or at an
+        Orbax multi-host preemption sync point); unlike Orbax's default policy it does not
+        also save whichever step comes first.
+    max_to_keep: newest steps kept; older ones are deleted after a newer save commits.
+    async_save: write in a background thread (the device->host copy happens inside `save`,
+        so the caller may donate/overwrite the state buffers once `save` returns).
+    verify_fingerprints: record per-leaf fingerprints at save and check them at restore.
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike,
+        *,
+        save_interval_steps: int = 1000,
+        max_to_keep: int = 3,
+        async_save: bool = True,
+        verify_fingerprints: bool = True,
+    ):
+        for name, value in (("save_interval_steps", save_interval_steps),
+                            ("max_to_keep", max_to_keep)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name}: expected an int >= 1, got {value!r}")
+        self.directory = Path(directory).absolute()
+        self._verify = verify_fingerprints
+        self.directory.mkdir(parents=True, exist_ok=True)
+        for leftover in sorted(p for p in self.directory.iterdir() if TMP_MARKER in p.name):
+            log.warning(
+                "checkpoint %s was never committed (a save interrupted before its final rename); "
+                "ignoring it and removing it", leftover,
+            )
+        policies = ocp.checkpoint_managers
+        options = ocp.CheckpointManagerOptions(
+            save_decision_policy=policies.AnySavePolicy([
+                policies.FixedIntervalPolicy(save_interval_steps),
+                policies.PreemptionCheckpointingPolicy(),
+            ]),
+            preservation_policy=policies.LatestN(n=max_to_keep),
+            enable_async_checkpointing=async_save,
+            cleanup_tmp_directories=True,
+        )
+        self._manager = ocp.CheckpointManager(self.directory, options=options)
+
+    # -- queries
+
+    def all_steps(self) -> list[int]:
+        return sorted(self._manager.all_steps())
+
+    def latest_step(self) -> int | None:
+        return self._manager.latest_step()
+
+    def should_save(self, step: int) -> bool:
+        return self._manager.should_save(step)
+
+    def reached_preemption(self, step: int) -> bool:
+        """True at a multi-host preemption sync point (jax.distributed preemption service)."""
+        return self._manager.reached_preemption(step)
+
+    # -- save
+
+    def save(
+        self,
+        step: int,
+        *,
+        state: Any,
+        data_iterator: Any = None,
+        config: Mapping[str, Any] | None = None,
+        spectral_shift_applied: Sequence[Any] = (),
+        extra: Mapping[str, Any] | None = None,
+        force: bool = False,
+    ) -> bool:
+        """Saves `state` (pytree of arrays) at `step` if due (or `force`); returns whether it did.
+
+        data_iterator: object with get_state() (e.g. a grain DatasetIterator), captured now.
+        config: the run config (JSON-serialisable), stored in the step record.
+        spectral_shift_applied: markers of SpectralShift transforms already applied in this
+            run (e.g. [{"l_ref": 8192, "l_tar": 32768, "s": 0.5, "step": 0}]), so a resumed run
+            does not apply one again.
+        extra: anything else JSON-serialisable to keep with the step.
+        A step that already exists is not rewritten (returns False).
+        """
+        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+            raise ValueError(f"step: expected an int >= 0, got {step!r}")
+        if step in self._manager.all_steps():
+            log.info("checkpoint step %d already exists; not saving it again", step)
+            return False
+        if not force and not self._manager.should_save(step):
+            return False
+        storable, key_impls = _storable_state(state)
+        record = {
+            "step": step,
+            "wall_time": time.time(),
+            "versions": library_versions(),
+            "config": _json_safe(config or {}, "config"),
+            "spectral_shift_applied": _json_safe(list(spectral_shift_applied),
+                                                 "spectral_shift_applied"),
+            "extra": _json_safe(extra or {}, "extra"),
+            "process_count": jax.process_count(),
+            "has_iterator_state": data_iterator is not None,
+            "prng_keys": key_impls,
+            "leaves": _leaf_records(storable, self._verify),
+        }
+        items = {
+            "state": ocp.args.StandardSave(storable),
+            "record": ocp.args.JsonSave(record),
+        }
+        if data_iterator is not None:
+            items["iterator"] = IteratorStateSave(encode_iterator_state(data_iterator.get_state()))
+        saved = self._manager.save(step, args=ocp.args.Composite(**items), force=True)
+        if saved:
+            log.info("checkpoint step %d started in %s", step, self.directory)
+        return saved
+
+    # -- restore
+
+    def restore_latest(
+        self, abstract_state: Any, data_iterator: Any = None
+    ) -> RestoredCheckpoint | None:
+        """Restores the newest readable step (None if there are no steps; see module doc).
+
+        abstract_state: pytree like the saved state whose leaves are jax.ShapeDtypeStruct with
+            .sharding (or jax.Array): the restored arrays get these shardings.
+        data_iterator: if given, its set_state() receives the saved iterator state.
+        Raises RuntimeError if steps exist but none is readable.
+        """
+        self._manager.reload()
+        steps = sorted(self._manager.all_steps(), reverse=True)
+        if not steps:
+            return None
+        failures = []
+        for step in steps:
+            try:
+                restored = self._restore_step(step, abstract_state, data_iterator)
+            except UnreadableCheckpointError as error:
+                log.error("checkpoint step %d in %s is unreadable, skipping it: %s",
+                          step, self.directory, error)
+                failures.append(step)
+                continue
+            if failures:
+                self._quarantine(failures)
+                log.warning("restored step %d after skipping unreadable steps %s", step, failures)
+            return restored
+        raise RuntimeError(
+            f"no readable checkpoint in {self.directory}: steps {steps} all failed (see log)"
+        )
+
+    def restore(
+        self, step: int, abstract_state: Any, data_iterator: Any = None
+    ) -> RestoredCheckpoint:
+        """Restores exactly `step`; raises UnreadableCheckpointError if it is damaged."""
+        self._manager.reload()
+        if step not in self._manager.all_steps():
+            raise ValueError(f"step: {step} not among the checkpoints {self.all_steps()}")
+        return self._restore_step(step, abstract_state, data_iterator)
+
+    def _restore_step(
+        self, step: int, abstract_state: Any, data_iterator: Any
+    ) -> RestoredCheckpoint:
+        abstract, key_dtypes = _abstract_storable(abstract_state)
+        problem = None
+        try:
+            record = self._manager.restore(
+                step, args=ocp.args.Composite(record=ocp.args.JsonRestore()))["record"]
+            recorded_leaves, recorded_keys = record["leaves"], record["prng_keys"]
+        except Exception as error:  # noqa: BLE001 - any failure to read means unreadable
+            problem = f"record: {type(error).__name__}: {error}"
+        if not _all_processes(problem is None):
+            raise UnreadableCheckpointError(problem or "record unreadable on another process")
+        _check_tree_matches(recorded_leaves, _leaf_records(abstract, False), step)
+        if set(recorded_keys) != set(key_dtypes):
+            raise ValueError(
+                f"abstract_state: PRNG key leaves {sorted(key_dtypes)} differ from the saved "
+                f"ones {sorted(recorded_keys)} at step {step}"
+            )
+        if data_iterator is not None and record["process_count"] != jax.process_count():
+            raise ValueError(
+                f"data_iterator: step {step} holds iterator states of {record['process_count']} "
+                f"processes, this job has {jax.process_count()}; pass data_iterator=None to "
+                "restart the data stream"
+            )
+        items = {"state": ocp.args.StandardRestore(abstract)}
+        if data_iterator is not None and record.get("has_iterator_state"):
+            items["iterator"] = IteratorStateRestore()
+        elif data_iterator is not None:
+            log.warning("checkpoint step %d has no data-iterator state; the iterator is left "
+                        "where it is", step)
+        try:
+            restored = self._manager.restore(step, args=ocp.args.Composite(**items))
+            storable = restored["state"]
+            iterator_state = restored["iterator"] if "iterator" in items else None
+        except Exception as error:  # noqa: BLE001
+            problem = f"{type(error).__name__}: {str(error)[:500]}"
+        if not _all_processes(problem is None):
+            raise UnreadableCheckpointError(problem or "arrays unreadable on another process")
+        if self._verify and recorded_leaves and "fingerprint" in recorded_leaves[0]:
+            actual = _leaf_records(storable, True)
+            bad = [a["path"] for a, r in zip(actual, recorded_leaves)
+                   if a["fingerprint"] != r["fingerprint"]]
+            if bad:
+                raise UnreadableCheckpointError(f"fingerprint mismatch (data altered) in {bad[:5]}")
+        state = jax.tree_util.tree_map_with_path(
+            lambda path, leaf: (
+                jax.random.wrap_key_data(leaf, impl=recorded_keys[jax.tree_util.keystr(path)])
+                if jax.tree_util.keystr(path) in recorded_keys else leaf
+            ),
+            storable,
+        )
+        if iterator_state is not None:
+            data_iterator.set_state(iterator_state)
+        log.info("restored checkpoint step %d from %s", step, self.directory)
+        return RestoredCheckpoint(step=step, state=state, record=record)
+
+    def _quarantine(self, steps: Sequence[int]) -> None:
+        if jax.process_index() == 0:
+            stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+            target_dir = self.directory / QUARANTINE_DIRNAME
+            target_dir.mkdir(exist_ok=True)
+            for step in steps:
+                source = self.directory / str(step)
+                target = target_dir / f"{step}-{stamp}"
+                shutil.move(source, target)
+                log.warning("moved unreadable checkpoint %s to %s", source, target)
+        if jax.process_count() > 1:
+            from jax.experimental import multihost_utils
+
+            multihost_utils.sync_global_devices("train.checkpoint.quarantine")
+        self._manager.reload()
+
+    # -- lifecycle
+
+    def wait_until_finished(self) -> None:
+        """Blocks until the pending async save is committed (raises if it failed)."""
+        self._manager.wait_until_finished()
+
+    def close(self) -> None:
+        self._manager.close()
+
+    def __enter__(self) -> "Checkpointer":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+
+# ----------------------------------------------------------------------------- preemption
+
+
+class PreemptionFlag:
+    """Set by SIGTERM/SIGINT. `bool(flag)` is True once a stop was requested.
+
+    Use as a context manager (or call `uninstall()`) to restore the previous handlers. A
+    second SIGINT after a stop was requested raises KeyboardInterrupt (impatient Ctrl-C).
+    """
+
+    def __init__(self, signals: Sequence[int]):
+        self.requested = False
+        self.signal_name: str | None = None
+        self._previous = {}
+        for signum in signals:
+            self._previous[signum] = signal.signal(signum, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        name = signal.Signals(signum).name
+        if self.requested and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.requested = True
+        self.signal_name = self.signal_name or name
+        log.warning("received %s: will save a checkpoint and stop after the current step", name)
+
+    def __bool__(self) -> bool:
+        return self.requested
+
+    def uninstall(self) -> None:
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+        self._previous = {}
+
+    def __enter__(self) -> "PreemptionFlag":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.uninstall()
+
+
+def install_preemption_handler(
+    signals: Sequence[int] = (signal.SIGTERM, signal.SIGINT),
+) -> PreemptionFlag:
+    """Installs handlers for `signals` (main thread only) and returns the flag they set.
+
+    Loop pattern:
+        with install_preemption_handler() as stop:
+            for step in ...:
+                ...train step...
+                checkpointer.save(step, state=..., data_iterator=it)
+                if stop:
+                    checkpointer.save(step, state=..., data_iterator=it, force=True)
+                    checkpointer.wait_until_finished()
+                    break
+    With several processes, a signal may reach only some of them: combine the flag across
+    processes (or use `Checkpointer.reached_preemption(step)`) before acting on it.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        raise RuntimeError("install_preemption_handler: must be called from the main thread")
+    return PreemptionFlag(signals)
