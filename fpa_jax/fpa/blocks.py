@@ -45,19 +45,39 @@ def _later(n):
     return jnp.arange(n)[None, :] > jnp.arange(n)[:, None]
 
 
+def range_table(values, combine, empty):
+    """table[..., t, s] = combine of values[..., u] over s < u <= t (`empty` where s >= t).
+
+    values [..., n]. A scan over t with one running row per s: O(n^2) work and memory,
+    and it compiles fast (XLA's CPU cumulative min/logsumexp compile very slowly).
+    """
+    n = values.shape[-1]
+    positions = jnp.arange(n)
+
+    def step(running, t):
+        running = jnp.where(positions < t, combine(running, values[..., t, None]), running)
+        return running, running
+
+    init = jnp.full(values.shape, empty, values.dtype)
+    _, rows = lax.scan(step, init, positions)  # [n(t), ..., n(s)]
+    return jnp.moveaxis(rows, 0, -2)
+
+
+def masked_min(values, mask):
+    """min over the last axis of values [..., 1, n] where mask [m, n]; BIG if empty."""
+    return jnp.where(mask, values, BIG).min(-1)
+
+
 def field_blocks(phi, block_size):
     """phi [T] (T a multiple of block_size) -> FieldBlocks."""
     blocks = phi.reshape(-1, block_size)
-    reverse_min = lax.cummin(blocks, axis=1, reverse=True)
-    suffix_min = jnp.concatenate([reverse_min[:, 1:], jnp.full_like(blocks[:, :1], BIG)], axis=1)
     later = _later(block_size)
-    rows = lax.cummin(jnp.where(later, blocks[:, None, :], BIG), axis=2)  # [b, s, t]
     return FieldBlocks(
         phi=blocks,
-        prefix_min=lax.cummin(blocks, axis=1),
-        suffix_min=suffix_min,
+        prefix_min=masked_min(blocks[:, None, :], ~later),  # [t, u]: u <= t
+        suffix_min=masked_min(blocks[:, None, :], later),
         block_min=blocks.min(axis=1),
-        diag_min=jnp.swapaxes(rows, 1, 2),
+        diag_min=range_table(blocks, jnp.minimum, BIG),
     )
 
 
@@ -71,12 +91,11 @@ def field_masses(fb: FieldBlocks, tau):
     suffix = jnp.where(later, jnp.exp(-jnp.maximum(phi_u - fb.suffix_min[:, :, None], 0.0) / tau),
                        0.0).sum(-1)
     relative = fb.phi - fb.block_min[:, None]
-    log_mass = lax.cumlogsumexp(jnp.where(later, -relative[:, None, :] / tau, -BIG), axis=2)
     return FieldMasses(
         prefix_mass=prefix,
         suffix_mass=suffix,
         block_mass=jnp.exp(-relative / tau).sum(-1),
-        diag_log_mass=jnp.swapaxes(log_mass, 1, 2),
+        diag_log_mass=range_table(-relative / tau, jnp.logaddexp, -BIG),
     )
 
 

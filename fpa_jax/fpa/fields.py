@@ -42,5 +42,6 @@ def fields(delta, g, h, *, segment_ids=None):
     checks.require_shape("g", g, delta.shape)
     checks.require_shape("h", h, delta.shape)
     checks.check_segment_ids(segment_ids, delta.shape[0], delta.shape[1])
-    walk = segment_cumsum(delta.astype(jnp.float32), segment_ids)
-    return walk + g.astype(jnp.float32), walk + h.astype(jnp.float32)
+    dtype = jnp.promote_types(delta.dtype, jnp.float32)  # float64 stays float64
+    walk = segment_cumsum(delta.astype(dtype), segment_ids)
+    return walk + g.astype(dtype), walk + h.astype(dtype)

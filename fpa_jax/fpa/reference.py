@@ -17,8 +17,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from fpa_jax.fpa import checks
-
-_BIG = 1e30
+from fpa_jax.fpa.blocks import BIG, range_table
 
 
 def _pair_mask(segment_ids, length):
@@ -35,17 +34,13 @@ def straight_through_range_min(phi, tau):
 
     Entries with t <= s hold meaningless finite values; callers mask them.
     """
-    length = phi.shape[-1]
-    later = jnp.arange(length)[None, :] > jnp.arange(length)[:, None]  # [s, u]: u > s
-    hard = lax.cummin(jnp.where(later, phi[..., None, :], _BIG), axis=phi.ndim)
-    log_mass = lax.cumlogsumexp(jnp.where(later, -phi[..., None, :] / tau, -_BIG), axis=phi.ndim)
-    soft = -tau * log_mass
-    range_min = lax.stop_gradient(hard) + (soft - lax.stop_gradient(soft))  # value: exactly hard
-    return jnp.swapaxes(range_min, -1, -2)
+    hard = range_table(phi, jnp.minimum, BIG)
+    soft = -tau * range_table(-phi / tau, jnp.logaddexp, -BIG)
+    return lax.stop_gradient(hard) + (soft - lax.stop_gradient(soft))  # value: exactly hard
 
 
 def fpa_bias(phi, psi, beta, *, tau=1.0, segment_ids=None, query_level=False):
-    """Dense FPA bias [B, H, T, T] (float32) with the straight-through gradient."""
+    """Dense FPA bias [B, H, T, T] (float32, float64 under x64) with the straight-through gradient."""
     checks.require_rank("phi", phi, 3)
     checks.require_shape("psi", psi, phi.shape)
     checks.require_float("phi", phi)
@@ -53,14 +48,15 @@ def fpa_bias(phi, psi, beta, *, tau=1.0, segment_ids=None, query_level=False):
     checks.require_shape("beta", beta, (phi.shape[2],))
     checks.check_tau(tau)
     checks.check_segment_ids(segment_ids, phi.shape[0], phi.shape[1])
-    phi_bht = jnp.moveaxis(phi.astype(jnp.float32), 1, 2)
-    psi_bht = jnp.moveaxis(psi.astype(jnp.float32), 1, 2)
+    dtype = jnp.promote_types(phi.dtype, jnp.float32)
+    phi_bht = jnp.moveaxis(phi.astype(dtype), 1, 2)
+    psi_bht = jnp.moveaxis(psi.astype(dtype), 1, 2)
     range_min = straight_through_range_min(phi_bht, tau)
     level = psi_bht[..., :, None] if query_level else psi_bht[..., None, :]
     gap = range_min - level
     strictly_past = jnp.tril(jnp.ones(range_min.shape[-2:], dtype=bool), k=-1)
     dip = jnp.where(strictly_past & (gap < 0), gap, 0.0)
-    bias = beta.astype(jnp.float32)[None, :, None, None] * dip
+    bias = beta.astype(dtype)[None, :, None, None] * dip
     return jnp.where(_pair_mask(segment_ids, phi.shape[1]), bias, -jnp.inf)
 
 
@@ -70,8 +66,8 @@ def fpa_attention_reference(q, k, v, phi, psi, beta, *, scale=None, tau=1.0, seg
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     logits = fpa_bias(phi, psi, beta, tau=tau, segment_ids=segment_ids, query_level=query_level)
     if content:
-        scores = jnp.einsum("bthd,bshd->bhts", q, k, preferred_element_type=jnp.float32)
+        scores = jnp.einsum("bthd,bshd->bhts", q, k, preferred_element_type=logits.dtype)
         logits = logits + scale * scores
     weights = jax.nn.softmax(logits, axis=-1)
-    out = jnp.einsum("bhts,bshd->bthd", weights, v.astype(jnp.float32))
+    out = jnp.einsum("bhts,bshd->bthd", weights, v.astype(weights.dtype))
     return out.astype(q.dtype)

@@ -43,6 +43,11 @@ class HeadInputs(NamedTuple):
     segment: jnp.ndarray
 
 
+def stat_dtype(x):
+    """float32 for half/single inputs, float64 under x64 (lets float64 checks be exact)."""
+    return jnp.promote_types(x.dtype, jnp.float32)
+
+
 def cut_blocks(q, k, v, psi, segment, n):
     nb = q.shape[0] // n
     return HeadInputs(q.reshape(nb, n, -1), k.reshape(nb, n, -1), v.reshape(nb, n, -1),
@@ -67,7 +72,7 @@ def tile_bias(range_min, psi_query, psi_key, beta, config, strictly_past=None):
 def tile_logits(x: HeadInputs, keys: HeadInputs, bias, config):
     if not config.content:
         return bias
-    scores = jnp.einsum("ntd,nsd->nts", x.q, keys.k, preferred_element_type=jnp.float32)
+    scores = jnp.einsum("ntd,nsd->nts", x.q, keys.k, preferred_element_type=stat_dtype(x.psi))
     return config.scale * scores + bias
 
 
@@ -105,7 +110,7 @@ def forward_head(q, k, v, phi, psi, beta, segment, config: BlockedConfig):
     row_max = logits.max(-1)
     probs = jnp.exp(logits - row_max[..., None])
     row_sum = probs.sum(-1)
-    acc = jnp.einsum("nts,nsd->ntd", probs.astype(v.dtype), x.v, preferred_element_type=jnp.float32)
+    acc = jnp.einsum("nts,nsd->ntd", probs.astype(v.dtype), x.v, preferred_element_type=probs.dtype)
 
     def step(carry, d):
         row_max, row_sum, acc, gap_min = carry
@@ -115,11 +120,11 @@ def forward_head(q, k, v, phi, psi, beta, segment, config: BlockedConfig):
         probs = jnp.exp(logits - new_max[..., None])
         row_sum = row_sum * correction + probs.sum(-1)
         acc = acc * correction[..., None] + jnp.einsum(
-            "nts,nsd->ntd", probs.astype(v.dtype), keys.v, preferred_element_type=jnp.float32)
+            "nts,nsd->ntd", probs.astype(v.dtype), keys.v, preferred_element_type=probs.dtype)
         gap_min = jnp.minimum(gap_min, shift_blocks(fb.block_min, d))
         return (new_max, row_sum, acc, gap_min), None
 
-    init = (row_max, row_sum, acc, jnp.full((nb,), blocks.BIG, jnp.float32))
+    init = (row_max, row_sum, acc, jnp.full((nb,), blocks.BIG, phi.dtype))
     (row_max, row_sum, acc, _), _ = jax.lax.scan(step, init, jnp.arange(1, nb))
     out = acc / row_sum[..., None]
     lse = row_max + jnp.log(row_sum)
@@ -149,8 +154,8 @@ def to_heads(q, k, v, phi, psi, segment_ids, block_size):
         segment_ids = jnp.zeros(q.shape[:2], jnp.int32)
     pad_id = jnp.iinfo(jnp.int32).min
     segment = pad_time(segment_ids.astype(jnp.int32), padded, value=pad_id)
-    phi32, psi32 = phi.astype(jnp.float32), psi.astype(jnp.float32)
-    return heads(q), heads(k), heads(v), heads(phi32), heads(psi32), segment
+    dtype = stat_dtype(phi)
+    return heads(q), heads(k), heads(v), heads(phi.astype(dtype)), heads(psi.astype(dtype)), segment
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(7,))
@@ -166,7 +171,7 @@ def _forward(q, k, v, phi, psi, beta, segment_ids, config):
     head_fn = lambda *a: forward_head(*a, config)
     over_heads = jax.vmap(head_fn, in_axes=(0, 0, 0, 0, 0, 0, None))
     batched = jax.vmap(over_heads, in_axes=(0, 0, 0, 0, 0, None, 0))
-    out, lse = batched(qh, kh, vh, phih, psih, beta.astype(jnp.float32), segment)
+    out, lse = batched(qh, kh, vh, phih, psih, beta.astype(phih.dtype), segment)
     return jnp.moveaxis(out, 1, 2)[:, :length], lse
 
 

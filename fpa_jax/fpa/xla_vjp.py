@@ -26,7 +26,7 @@ import jax.numpy as jnp
 
 from fpa_jax.fpa import blocks
 from fpa_jax.fpa.xla import (cut_blocks, diagonal_tile, off_diagonal_tile, shift_blocks,
-                             to_heads, pad_time)
+                             stat_dtype, to_heads, pad_time)
 
 
 def _decay(excess, tau):
@@ -94,21 +94,22 @@ def backward_head(q, k, v, phi, psi, beta, segment, out, lse, dout, config):
     nb = fb.phi.shape[0]
     lse = lse.reshape(nb, n)
     dout = dout.reshape(nb, n, -1)
-    row_delta = (dout.astype(jnp.float32) * out.reshape(nb, n, -1).astype(jnp.float32)).sum(-1)
+    acc = stat_dtype(phi)
+    row_delta = (dout.astype(acc) * out.reshape(nb, n, -1).astype(acc)).sum(-1)
 
     def tile_grads(keys, logits, mask):
         probs = jnp.where(mask, jnp.exp(logits - lse[..., None]), 0.0)
         dv = jnp.einsum("nts,ntd->nsd", probs.astype(dout.dtype), dout,
-                        preferred_element_type=jnp.float32)
-        dprobs = jnp.einsum("ntd,nsd->nts", dout, keys.v, preferred_element_type=jnp.float32)
+                        preferred_element_type=acc)
+        dprobs = jnp.einsum("ntd,nsd->nts", dout, keys.v, preferred_element_type=acc)
         dlogits = probs * (dprobs - row_delta[..., None])
         if config.content:
             scaled = (config.scale * dlogits).astype(q.dtype)
-            dq = jnp.einsum("nts,nsd->ntd", scaled, keys.k, preferred_element_type=jnp.float32)
-            dk = jnp.einsum("nts,ntd->nsd", scaled, x.q, preferred_element_type=jnp.float32)
+            dq = jnp.einsum("nts,nsd->ntd", scaled, keys.k, preferred_element_type=acc)
+            dk = jnp.einsum("nts,ntd->nsd", scaled, x.q, preferred_element_type=acc)
         else:
-            dq = jnp.zeros(x.q.shape, jnp.float32)
-            dk = jnp.zeros(x.k.shape, jnp.float32)
+            dq = jnp.zeros(x.q.shape, acc)
+            dk = jnp.zeros(x.k.shape, acc)
         return dq, dk, dv, dlogits
 
     def level_grad(coef):
@@ -154,9 +155,9 @@ def backward_head(q, k, v, phi, psi, beta, segment, out, lse, dout, config):
         carry = (dq, dk, dv, dpsi, dbeta, row_share, column_share, new_gap_min, gap_mass)
         return carry, (gap_total, gap_min)
 
-    zeros_blocks = jnp.zeros((nb, n), jnp.float32)
+    zeros_blocks = jnp.zeros((nb, n), acc)
     init = (dq, dk, dv, dpsi, dbeta, zeros_blocks, zeros_blocks,
-            jnp.full((nb,), blocks.BIG, jnp.float32), jnp.zeros((nb,), jnp.float32))
+            jnp.full((nb,), blocks.BIG, acc), jnp.zeros((nb,), acc))
     carry, (gap_totals, gap_mins) = jax.lax.scan(step, init, jnp.arange(1, nb))
     dq, dk, dv, dpsi, dbeta, row_share, column_share, _, _ = carry
 
@@ -176,7 +177,7 @@ def blocked_backward(q, k, v, phi, psi, beta, segment_ids, out, lse, dout, confi
     head_fn = lambda *a: backward_head(*a, config)
     over_heads = jax.vmap(head_fn, in_axes=(0, 0, 0, 0, 0, 0, None, 0, 0, 0))
     batched = jax.vmap(over_heads, in_axes=(0, 0, 0, 0, 0, None, 0, 0, 0, 0))
-    grads = batched(qh, kh, vh, phih, psih, beta.astype(jnp.float32), segment,
+    grads = batched(qh, kh, vh, phih, psih, beta.astype(phih.dtype), segment,
                     heads(out), lse, heads(dout))
     dq, dk, dv, dphi, dpsi, dbeta = grads
     back = lambda g, like: jnp.moveaxis(g, 1, 2)[:, :length].astype(like.dtype)

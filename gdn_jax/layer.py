@@ -1,0 +1,290 @@
+"""Gated DeltaNet layer (Flax Linen), parallel forward and single-token decoding.
+
+Shapes: x [B, T, D]; H q/k heads of size K; HV value heads of size V (HV a multiple of H).
+
+    q, k   = L2norm(silu(causal_conv(x W_q))), L2norm(silu(causal_conv(x W_k)))   [B, T, H, K]
+    v      = silu(causal_conv(x W_v))                                            [B, T, HV, V]
+    z      = x W_z                                                               [B, T, HV, V]
+    g      = -exp(A_log) * softplus(x W_a + dt_bias)      log retention (float32) [B, T, HV]
+    beta   = sigmoid(x W_b)                               write strength          [B, T, HV]
+    o      = gated_delta_rule(q, k, v, g, beta)           S_t = e^{g_t}(I - beta_t k_t k_t^T) S_{t-1}
+                                                                + beta_t k_t v_t^T,  o_t = S_t^T q_t K^-1/2
+    y      = (RMSNorm(o) * w_norm * silu(z)) W_o                                 [B, T, D]
+
+L2norm(x) = x / sqrt(sum x^2 + 1e-6); RMSNorm is per value head over V with eps `norm_eps`.
+The causal convolution is depthwise with `conv_size` taps; taps reaching before the start of
+the current document (segment_ids) or before t = 0 read zeros.
+
+Initialisation: projections lecun-normal; conv taps U(-1/sqrt(conv_size), 1/sqrt(conv_size))
+(PyTorch Conv1d default); A_log = log(A), A ~ U(0, 16) clamped below at 1e-4 so log never sees 0;
+dt = exp(U(log 1e-3, log 0.1)) clamped below at 1e-4, dt_bias = softplus^{-1}(dt)
+= dt + log(-expm1(-dt)); norm weight ones.
+
+Decoding cache (`init_cache`): conv states {q,k,v}_conv [B, conv_size - 1, channels] (the last
+inputs to each convolution) and the recurrent state [B, HV, K, V] float32.
+"""
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from gdn_jax.ops.api import gated_delta_rule, recurrent_gated_delta_rule
+
+L2_NORM_EPS = 1e-6
+A_INIT_RANGE = (0.0, 16.0)
+A_INIT_FLOOR = 1e-4
+DT_INIT_RANGE = (1e-3, 0.1)
+DT_INIT_FLOOR = 1e-4
+
+
+def l2_normalize(x: jax.Array) -> jax.Array:
+    """x / sqrt(sum(x^2, -1) + 1e-6), computed in float32, returned in x's dtype."""
+    x32 = x.astype(jnp.float32)
+    return (x32 * jax.lax.rsqrt(jnp.sum(x32 * x32, axis=-1, keepdims=True) + L2_NORM_EPS)).astype(x.dtype)
+
+
+def _a_log_init(key, shape, dtype=jnp.float32):
+    a = jax.random.uniform(key, shape, jnp.float32, *A_INIT_RANGE)
+    return jnp.log(jnp.maximum(a, A_INIT_FLOOR)).astype(dtype)
+
+
+def _dt_bias_init(key, shape, dtype=jnp.float32):
+    low, high = jnp.log(DT_INIT_RANGE[0]), jnp.log(DT_INIT_RANGE[1])
+    dt = jnp.exp(jax.random.uniform(key, shape, jnp.float32, low, high))
+    dt = jnp.maximum(dt, DT_INIT_FLOOR)
+    return (dt + jnp.log(-jnp.expm1(-dt))).astype(dtype)
+
+
+class CausalDepthwiseConv(nn.Module):
+    """y_t[c] = silu(sum_j kernel[j, c] * x_{t - (W-1) + j}[c]); x [B, T, C], kernel [W, C].
+
+    Taps that reach before t = 0 or into a previous document (segment_ids [B, T]) read zero.
+    """
+
+    channels: int
+    kernel_size: int
+    dtype: Any = jnp.float32
+    param_dtype: Any = jnp.float32
+
+    def setup(self):
+        init = nn.initializers.variance_scaling(1.0 / 3.0, "fan_in", "uniform", in_axis=0, out_axis=1)
+        self.kernel = self.param(
+            "kernel", nn.with_logical_partitioning(init, ("conv", "heads_x_dim")),
+            (self.kernel_size, self.channels), self.param_dtype)
+
+    def __call__(self, x: jax.Array, segment_ids: jax.Array | None = None) -> jax.Array:
+        length = x.shape[1]
+        kernel = self.kernel.astype(jnp.float32)
+        x32 = x.astype(jnp.float32)
+        total = x32 * kernel[self.kernel_size - 1]
+        for shift in range(1, min(self.kernel_size, length)):
+            shifted = jnp.pad(x32, ((0, 0), (shift, 0), (0, 0)))[:, :length]
+            if segment_ids is not None:
+                earlier_ids = jnp.pad(segment_ids, ((0, 0), (shift, 0)))[:, :length]
+                shifted = jnp.where((earlier_ids == segment_ids)[..., None], shifted, 0.0)
+            total = total + shifted * kernel[self.kernel_size - 1 - shift]
+        return nn.silu(total).astype(self.dtype)
+
+    def step(self, x_t: jax.Array, conv_state: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """x_t [B, C], conv_state [B, W-1, C] (previous inputs, oldest first) -> (y_t, state)."""
+        window = jnp.concatenate([conv_state.astype(jnp.float32), x_t.astype(jnp.float32)[:, None]], axis=1)
+        y_t = nn.silu(jnp.sum(window * self.kernel.astype(jnp.float32)[None], axis=1))
+        return y_t.astype(self.dtype), window[:, 1:].astype(conv_state.dtype)
+
+
+class GatedRMSNorm(nn.Module):
+    """y = x / sqrt(mean(x^2, -1) + eps) * scale * silu(z) over the last axis (size `features`)."""
+
+    features: int
+    eps: float = 1e-6
+    dtype: Any = jnp.float32
+    param_dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: jax.Array, z: jax.Array) -> jax.Array:
+        scale = self.param("scale", nn.with_logical_partitioning(nn.initializers.ones, ("v_head_dim",)),
+                           (self.features,), self.param_dtype)
+        x32 = x.astype(jnp.float32)
+        normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return (normed * scale.astype(jnp.float32) * nn.silu(z.astype(jnp.float32))).astype(self.dtype)
+
+
+class OutputProjection(nn.Module):
+    """y = x @ kernel, kernel [F_in, features] with `features` given at call time (the model width)."""
+
+    dtype: Any = jnp.float32
+    param_dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: jax.Array, features: int) -> jax.Array:
+        kernel = self.param("kernel", nn.with_logical_partitioning(nn.initializers.lecun_normal(),
+                                                                   ("heads_x_dim", "embed")),
+                            (x.shape[-1], features), self.param_dtype)
+        return jnp.dot(x.astype(self.dtype), kernel.astype(self.dtype))
+
+
+class GatedDeltaNet(nn.Module):
+    """Gated DeltaNet token mixer: x [B, T, D] -> y [B, T, D] (see the module docstring)."""
+
+    num_heads: int
+    head_dim: int
+    num_v_heads: int | None = None
+    v_head_dim: int | None = None
+    conv_size: int = 4
+    norm_eps: float = 1e-6
+    dtype: Any = jnp.float32
+    param_dtype: Any = jnp.float32
+    implementation: str | None = None
+    chunk_size: int = 64
+
+    @property
+    def value_heads(self) -> int:
+        return self.num_heads if self.num_v_heads is None else self.num_v_heads
+
+    @property
+    def value_head_dim(self) -> int:
+        return self.head_dim if self.v_head_dim is None else self.v_head_dim
+
+    def _check_fields(self):
+        for name in ("num_heads", "head_dim", "conv_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"GatedDeltaNet.{name}: expected a positive int, got {value!r}")
+        for name, value in (("num_v_heads", self.value_heads), ("v_head_dim", self.value_head_dim)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"GatedDeltaNet.{name}: expected a positive int or None, got {value!r}")
+        if self.value_heads % self.num_heads:
+            raise ValueError(f"GatedDeltaNet.num_v_heads: expected a multiple of num_heads={self.num_heads}, "
+                             f"got {self.value_heads}")
+
+    def setup(self):
+        self._check_fields()
+        key_width = self.num_heads * self.head_dim
+        value_width = self.value_heads * self.value_head_dim
+
+        def projection(features, axes):
+            return nn.Dense(features, use_bias=False, dtype=self.dtype, param_dtype=self.param_dtype,
+                            kernel_init=nn.with_logical_partitioning(nn.initializers.lecun_normal(), axes))
+
+        def conv(channels):
+            return CausalDepthwiseConv(channels, self.conv_size, dtype=self.dtype, param_dtype=self.param_dtype)
+
+        self.q_proj = projection(key_width, ("embed", "heads_x_dim"))
+        self.k_proj = projection(key_width, ("embed", "heads_x_dim"))
+        self.v_proj = projection(value_width, ("embed", "heads_x_dim"))
+        self.z_proj = projection(value_width, ("embed", "heads_x_dim"))
+        self.a_proj = projection(self.value_heads, ("embed", "v_heads"))
+        self.b_proj = projection(self.value_heads, ("embed", "v_heads"))
+        self.q_conv = conv(key_width)
+        self.k_conv = conv(key_width)
+        self.v_conv = conv(value_width)
+        self.A_log = self.param("A_log", nn.with_logical_partitioning(_a_log_init, ("v_heads",)),
+                                (self.value_heads,), self.param_dtype)
+        self.dt_bias = self.param("dt_bias", nn.with_logical_partitioning(_dt_bias_init, ("v_heads",)),
+                                  (self.value_heads,), self.param_dtype)
+        self.o_norm = GatedRMSNorm(self.value_head_dim, eps=self.norm_eps, dtype=self.dtype,
+                                   param_dtype=self.param_dtype)
+        self.o_proj = OutputProjection(dtype=self.dtype, param_dtype=self.param_dtype)
+
+    # -- shared pieces -------------------------------------------------------------------------
+    def _check_inputs(self, x: jax.Array, segment_ids: jax.Array | None):
+        if x.ndim != 3:
+            raise ValueError(f"GatedDeltaNet: x must be [B, T, D], got shape {x.shape}")
+        if not jnp.issubdtype(x.dtype, jnp.floating):
+            raise TypeError(f"GatedDeltaNet: x must be floating point, got {x.dtype}")
+        if segment_ids is not None:
+            if segment_ids.shape != x.shape[:2]:
+                raise ValueError(f"GatedDeltaNet: segment_ids must be [B, T] = {x.shape[:2]}, "
+                                 f"got {segment_ids.shape}")
+            if not jnp.issubdtype(segment_ids.dtype, jnp.integer):
+                raise TypeError(f"GatedDeltaNet: segment_ids must be integer, got {segment_ids.dtype}")
+
+    def _split_heads(self, x: jax.Array, heads: int, dim: int) -> jax.Array:
+        return x.reshape(*x.shape[:-1], heads, dim)
+
+    def _gates(self, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """x [..., D] -> (g, beta) [..., HV] float32."""
+        a = self.a_proj(x).astype(jnp.float32)
+        g = -jnp.exp(self.A_log.astype(jnp.float32)) * nn.softplus(a + self.dt_bias.astype(jnp.float32))
+        beta = nn.sigmoid(self.b_proj(x).astype(jnp.float32))
+        return g, beta
+
+    def _readout(self, o: jax.Array, z: jax.Array, model_dim: int) -> jax.Array:
+        """o, z [..., HV, V] -> y [..., D]."""
+        gated = self.o_norm(o, z)
+        return self.o_proj(gated.reshape(*gated.shape[:-2], -1), model_dim)
+
+    # -- parallel forward ----------------------------------------------------------------------
+    def __call__(self, x: jax.Array, *, segment_ids: jax.Array | None = None) -> jax.Array:
+        """x [B, T, D] (segment_ids [B, T] int: equal ids = same contiguous document) -> [B, T, D]."""
+        self._check_inputs(x, segment_ids)
+        x = x.astype(self.dtype)
+        heads, head_dim = self.num_heads, self.head_dim
+        q = l2_normalize(self._split_heads(self.q_conv(self.q_proj(x), segment_ids), heads, head_dim))
+        k = l2_normalize(self._split_heads(self.k_conv(self.k_proj(x), segment_ids), heads, head_dim))
+        v = self._split_heads(self.v_conv(self.v_proj(x), segment_ids), self.value_heads, self.value_head_dim)
+        z = self._split_heads(self.z_proj(x), self.value_heads, self.value_head_dim)
+        g, beta = self._gates(x)
+        o, _ = gated_delta_rule(q, k, v, g, beta, segment_ids=segment_ids, chunk_size=self.chunk_size,
+                                implementation=self.implementation)
+        return self._readout(o, z, x.shape[-1])
+
+    def transition_inputs(self, x: jax.Array, *, segment_ids: jax.Array | None = None):
+        """x [B, T, D] -> (log_alpha, beta [B, T, HV], keys [B, T, HV, K]), all float32.
+
+        The per-step transition of value head h is A_t = exp(log_alpha_t) (I - beta_t k_t k_t^T),
+        with k_t the L2-normalised key of q/k head h // (HV / H).
+        """
+        self._check_inputs(x, segment_ids)
+        x = x.astype(self.dtype)
+        keys = l2_normalize(self._split_heads(self.k_conv(self.k_proj(x), segment_ids),
+                                              self.num_heads, self.head_dim))
+        log_alpha, beta = self._gates(x)
+        key_head_of_value_head = jnp.arange(self.value_heads) // (self.value_heads // self.num_heads)
+        return log_alpha, beta, keys.astype(jnp.float32)[:, :, key_head_of_value_head]
+
+    # -- decoding ------------------------------------------------------------------------------
+    def _cache_shapes(self, batch_size: int) -> dict[str, tuple[int, ...]]:
+        key_width = self.num_heads * self.head_dim
+        value_width = self.value_heads * self.value_head_dim
+        history = self.conv_size - 1
+        return {"q_conv": (batch_size, history, key_width), "k_conv": (batch_size, history, key_width),
+                "v_conv": (batch_size, history, value_width),
+                "state": (batch_size, self.value_heads, self.head_dim, self.value_head_dim)}
+
+    def init_cache(self, batch_size: int, dtype: Any = None) -> dict[str, jax.Array]:
+        """Empty decoding cache: conv histories in `dtype` (default self.dtype), state float32."""
+        self._check_fields()
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"GatedDeltaNet.init_cache: batch_size must be a positive int, got {batch_size!r}")
+        conv_dtype = self.dtype if dtype is None else dtype
+        return {name: jnp.zeros(shape, jnp.float32 if name == "state" else conv_dtype)
+                for name, shape in self._cache_shapes(batch_size).items()}
+
+    def step(self, x_t: jax.Array, cache: dict[str, jax.Array]) -> tuple[jax.Array, dict[str, jax.Array]]:
+        """One decoding step: x_t [B, D], cache from `init_cache` -> (y_t [B, D], updated cache)."""
+        if x_t.ndim != 2:
+            raise ValueError(f"GatedDeltaNet.step: x_t must be [B, D], got shape {x_t.shape}")
+        expected = self._cache_shapes(x_t.shape[0])
+        if not isinstance(cache, dict) or set(cache) != set(expected):
+            got = sorted(cache) if isinstance(cache, dict) else type(cache).__name__
+            raise ValueError(f"GatedDeltaNet.step: cache must have keys {sorted(expected)}, got {got}")
+        for name, shape in expected.items():
+            if cache[name].shape != shape:
+                raise ValueError(f"GatedDeltaNet.step: cache[{name!r}] must have shape {shape}, "
+                                 f"got {cache[name].shape}")
+        x_t = x_t.astype(self.dtype)
+        q, q_history = self.q_conv.step(self.q_proj(x_t), cache["q_conv"])
+        k, k_history = self.k_conv.step(self.k_proj(x_t), cache["k_conv"])
+        v, v_history = self.v_conv.step(self.v_proj(x_t), cache["v_conv"])
+        q = l2_normalize(self._split_heads(q, self.num_heads, self.head_dim))
+        k = l2_normalize(self._split_heads(k, self.num_heads, self.head_dim))
+        v = self._split_heads(v, self.value_heads, self.value_head_dim)
+        z = self._split_heads(self.z_proj(x_t), self.value_heads, self.value_head_dim)
+        g, beta = self._gates(x_t)
+        o, state = recurrent_gated_delta_rule(q[:, None], k[:, None], v[:, None], g[:, None], beta[:, None],
+                                              initial_state=cache["state"], output_final_state=True)
+        y_t = self._readout(o[:, 0], z, x_t.shape[-1])
+        return y_t, {"q_conv": q_history, "k_conv": k_history, "v_conv": v_history, "state": state}
