@@ -1,0 +1,141 @@
+"""Public gated delta rule ops: argument checks, defaults and the implementation switch.
+
+    S_t = exp(g_t) (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T     S [K, V] per value head
+    o_t = S_t^T (scale * q_t)                                            scale default K**-0.5
+
+    q, k [B, T, H, K]   v [B, T, HV, V] (HV a multiple of H; value head j reads q/k head
+    j // (HV // H))   g (log decay, <= 0) and beta [B, T, HV]   state [B, HV, K, V] float32
+    segment_ids [B, T] int: the state restarts from zero at each token whose id differs from
+    the previous token's; the first document starts from `initial_state`.
+    Returns (out [B, T, HV, V] in v's dtype, final_state [B, HV, K, V] float32 or None).
+
+q and k are used as given (the layer L2-normalises them). Gates, states and all internal
+arithmetic are float32 for bf16/f16/f32 inputs (float64 only if an input is float64).
+
+implementation: None or "xla" -> chunked WY form (`gdn_jax.ops.chunk`), O(T * chunk) memory;
+"reference" -> the token-by-token scan (`gdn_jax.ops.naive`); "pallas" -> not available yet.
+"""
+
+import math
+
+import jax.numpy as jnp
+import numpy as np
+
+from gdn_jax.ops.chunk import chunked_forward
+from gdn_jax.ops.naive import recurrent_forward
+
+IMPLEMENTATIONS = ("reference", "xla", "pallas")
+
+
+def _check_rank_and_float(name, x, rank, layout):
+    if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+        raise TypeError(f"{name}: expected an array {layout}, got {type(x).__name__}")
+    if x.ndim != rank:
+        raise ValueError(f"{name}: expected rank {rank} {layout}, got shape {tuple(x.shape)}")
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        raise TypeError(f"{name}: expected a floating dtype, got {x.dtype}")
+
+
+def _check_shape(name, x, expected, layout):
+    if tuple(x.shape) != tuple(expected):
+        raise ValueError(f"{name}: expected shape {tuple(expected)} {layout}, got {tuple(x.shape)}")
+
+
+def _validate(q, k, v, g, beta, scale, initial_state, segment_ids):
+    _check_rank_and_float("q", q, 4, "[B, T, H, K]")
+    _check_rank_and_float("k", k, 4, "[B, T, H, K]")
+    _check_rank_and_float("v", v, 4, "[B, T, HV, V]")
+    _check_rank_and_float("g", g, 3, "[B, T, HV]")
+    _check_rank_and_float("beta", beta, 3, "[B, T, HV]")
+    batch, seq_len, num_heads, key_dim = q.shape
+    if seq_len == 0:
+        raise ValueError("q: expected at least one time step, got T = 0")
+    _check_shape("k", k, q.shape, "(same as q: [B, T, H, K])")
+    if tuple(v.shape[:2]) != (batch, seq_len):
+        raise ValueError(f"v: expected leading dims (B, T) = {(batch, seq_len)} as in q, "
+                         f"got {tuple(v.shape[:2])}")
+    num_v_heads, value_dim = v.shape[2], v.shape[3]
+    if num_v_heads % num_heads != 0:
+        raise ValueError(f"v: expected the number of value heads HV to be a multiple of "
+                         f"H = {num_heads} (q heads), got HV = {num_v_heads}")
+    _check_shape("g", g, (batch, seq_len, num_v_heads), "[B, T, HV]")
+    _check_shape("beta", beta, (batch, seq_len, num_v_heads), "[B, T, HV]")
+    if initial_state is not None:
+        _check_rank_and_float("initial_state", initial_state, 4, "[B, HV, K, V]")
+        _check_shape("initial_state", initial_state, (batch, num_v_heads, key_dim, value_dim),
+                     "[B, HV, K, V]")
+    if segment_ids is not None:
+        if not hasattr(segment_ids, "shape") or not hasattr(segment_ids, "dtype"):
+            raise TypeError(f"segment_ids: expected an integer array [B, T], "
+                            f"got {type(segment_ids).__name__}")
+        if not jnp.issubdtype(segment_ids.dtype, jnp.integer):
+            raise TypeError(f"segment_ids: expected an integer dtype, got {segment_ids.dtype}")
+        _check_shape("segment_ids", segment_ids, (batch, seq_len), "[B, T]")
+    if scale is not None and isinstance(scale, (int, float, np.number)) and not scale > 0:
+        raise ValueError(f"scale: expected a positive number, got {scale}")
+
+
+def _prepare(q, k, v, g, beta, scale, initial_state, segment_ids, output_final_state):
+    _validate(q, k, v, g, beta, scale, initial_state, segment_ids)
+    if not isinstance(output_final_state, (bool, np.bool_)):
+        raise TypeError(f"output_final_state: expected a bool, got "
+                        f"{type(output_final_state).__name__}")
+    return 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+
+
+def _finish(out, final_state, v, output_final_state):
+    return out.astype(v.dtype), (final_state if output_final_state else None)
+
+
+def recurrent_gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None,
+                               output_final_state=False, segment_ids=None):
+    """Token-by-token oracle (a `lax.scan` over T; autodiff stores every state).
+
+    Arguments and result as in `gated_delta_rule`. For tests and short sequences.
+    """
+    scale = _prepare(q, k, v, g, beta, scale, initial_state, segment_ids, output_final_state)
+    out, final_state = recurrent_forward(q, k, v, g, beta, scale=scale,
+                                         initial_state=initial_state, segment_ids=segment_ids)
+    return _finish(out, final_state, v, output_final_state)
+
+
+def gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None,
+                     output_final_state=False, segment_ids=None, chunk_size=64,
+                     implementation=None):
+    """Gated delta rule (decay first, then delta update), as in the module docstring.
+
+    Args:
+      q, k: [B, T, H, K] floating; used as given (no normalisation here).
+      v: [B, T, HV, V] floating, HV a multiple of H. Output has v's dtype.
+      g: [B, T, HV] log decay (alpha = exp(g)); beta: [B, T, HV] write strength.
+      scale: query scale, default K**-0.5.
+      initial_state: optional [B, HV, K, V] floating; zeros if None.
+      output_final_state: also return the state after the last token.
+      segment_ids: optional [B, T] integer document ids of packed sequences.
+      chunk_size: chunk length C of the "xla" path (positive int).
+      implementation: None (= "xla"), "xla", "reference" or "pallas" (not available yet).
+
+    Returns:
+      (out [B, T, HV, V], final_state [B, HV, K, V] float32 or None).
+    """
+    if implementation not in (None, *IMPLEMENTATIONS):
+        raise ValueError(f"implementation: expected one of None, {IMPLEMENTATIONS}, "
+                         f"got {implementation!r}")
+    if implementation == "pallas":
+        raise NotImplementedError(
+            "gated_delta_rule: implementation='pallas' is not available yet; "
+            "use implementation='xla' (or None)")
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer)):
+        raise TypeError(f"chunk_size: expected a positive int, got {type(chunk_size).__name__}")
+    if chunk_size <= 0:
+        raise ValueError(f"chunk_size: expected a positive int, got {chunk_size}")
+    if implementation == "reference":
+        return recurrent_gated_delta_rule(
+            q, k, v, g, beta, scale=scale, initial_state=initial_state,
+            output_final_state=output_final_state, segment_ids=segment_ids)
+
+    scale = _prepare(q, k, v, g, beta, scale, initial_state, segment_ids, output_final_state)
+    out, final_state = chunked_forward(q, k, v, g, beta, scale=scale,
+                                       initial_state=initial_state, segment_ids=segment_ids,
+                                       chunk_size=int(chunk_size))
+    return _finish(out, final_state, v, output_final_state)
