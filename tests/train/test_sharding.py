@@ -1,0 +1,162 @@
+"""Mesh sharding: rules table, and multi-device training equal to one device (8 CPU devices).
+
+The 8-device checks run in a subprocess with XLA_FLAGS=--xla_force_host_platform_device_count=8
+(the flag must be set before JAX starts).
+"""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from train.config import ConfigError, load_config, validate_for_devices
+from train.sharding import LOGICAL_AXIS_RULES, make_mesh, maybe_initialize_distributed
+
+REPO = Path(__file__).resolve().parents[2]
+
+MULTI_DEVICE_SCRIPT = textwrap.dedent("""
+    import json, sys, tempfile
+    import jax, numpy as np
+    from jax.sharding import PartitionSpec as P
+    from train.checkpoint import Checkpointer
+    from train.config import ConfigError, load_config, validate_for_devices
+    from train.loop import build_session, to_global
+    from train.sharding import make_mesh, mesh_context
+
+    assert jax.device_count() == 8, jax.devices()
+    config = load_config(None, [
+        "model.d_model=32", "model.pattern=GA", "model.vocab_multiple=64",
+        "attention.kind=softmax", "attention.position=rope", "attention.num_heads=2",
+        "attention.head_dim=16", "gdn.num_heads=2", "gdn.head_dim=16",
+        "gdn.implementation=reference", "data.seq_len=32", "data.batch_size=8",
+        "optim.warmup_steps=1", "train.steps=10", "optim.lr=3e-3"])
+    rng = np.random.default_rng(0)
+    batches = []
+    for _ in range(5):
+        tokens = rng.integers(0, 257, (8, 33), dtype=np.int32)
+        cut = rng.integers(1, 32, 8)
+        segments = np.where(np.arange(33)[None] < cut[:, None], 1, 2).astype(np.int32)
+        batches.append({"tokens": tokens, "segment_ids": segments})
+
+    def steps(session, state, first, last):
+        losses = []
+        with mesh_context(session.mesh):
+            for batch in batches[first:last]:
+                state, metrics = session.train_step(state, to_global(session, batch))
+                losses.append(float(metrics["loss"]))
+        return state, losses
+
+    single = build_session(config, 257, make_mesh((1, 1, 1), jax.devices()[:1]))
+    with mesh_context(single.mesh):
+        initial = jax.device_get(single.init_state())
+    state, reference = steps(single, jax.device_put(initial, single.state_shardings), 0, 3)
+    out = {"reference": reference, "runs": {}}
+
+    sharded = None
+    for sizes in [(8, 1, 1), (1, 4, 2)]:
+        sharded = build_session(config, 257, make_mesh(sizes))
+        sharded_state, losses = steps(
+            sharded, jax.device_put(initial, sharded.state_shardings), 0, 3)
+        out["runs"][str(sizes)] = losses
+    params = sharded_state["params"]
+    out["specs"] = {
+        "embedding": str(params["embed"]["embedding"].sharding.spec),
+        "query": str(params["layers_1"]["mixer"]["query"]["kernel"].sharding.spec),
+        "a_proj": str(params["layers_0"]["mixer"]["a_proj"]["kernel"].sharding.spec),
+        "mlp_down": str(params["layers_0"]["mlp"]["down"]["kernel"].sharding.spec),
+        "adam_mu_up": str(sharded_state["opt_state"][1].inner_states["default"]
+                          .inner_state[0].mu["layers_0"]["mlp"]["up"]["kernel"].sharding.spec),
+        "step": str(sharded_state["step"].sharding.spec),
+    }
+    out["embedding_shard_shape"] = list(params["embed"]["embedding"].addressable_shards[0].data.shape)
+
+    # save on one device, restore onto fsdp 4 x tensor 2, continue: same losses as one device
+    directory = tempfile.mkdtemp()
+    with Checkpointer(directory, save_interval_steps=1, async_save=False) as checkpointer:
+        checkpointer.save(3, state=state)
+        restored = checkpointer.restore_latest(sharded.abstract_state)
+    _, continued_single = steps(single, state, 3, 5)
+    restored_state, continued_sharded = steps(sharded, restored.state, 3, 5)
+    out["continued_single"] = continued_single
+    out["continued_sharded"] = continued_sharded
+    out["restored_query_spec"] = str(
+        restored.state["params"]["layers_1"]["mixer"]["query"]["kernel"].sharding.spec)
+    print("RESULT " + json.dumps(out))
+""")
+
+
+def run_multi_device_script():
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
+               JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO))
+    completed = subprocess.run([sys.executable, "-c", MULTI_DEVICE_SCRIPT], cwd=REPO, env=env,
+                               capture_output=True, text=True, timeout=600)
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    line = [l for l in completed.stdout.splitlines() if l.startswith("RESULT ")][-1]
+    return json.loads(line[len("RESULT "):])
+
+
+def test_eight_devices_train_like_one_and_restore_across_device_counts():
+    """One test (one subprocess, so pytest-xdist runs it once): data 8 and fsdp 4 x tensor 2
+    give the one-device losses for 3 steps; params and Adam moments follow the rules table; a
+    checkpoint saved on one device restores onto fsdp 4 x tensor 2 and continues identically."""
+    result = run_multi_device_script()
+    reference = result["reference"]
+    assert len(set(reference)) == 3 and all(np.isfinite(reference))
+    for sizes in ("(8, 1, 1)", "(1, 4, 2)"):
+        np.testing.assert_allclose(result["runs"][sizes], reference, rtol=0, atol=1e-5)
+
+    specs = result["specs"]
+    assert specs["embedding"] == str(P("tensor", "fsdp"))       # ("vocab", "embed")
+    assert specs["query"] == str(P("fsdp", "tensor", None))     # ("embed", "heads", "head_dim")
+    assert specs["a_proj"] == str(P("fsdp", "tensor"))          # ("embed", "v_heads")
+    assert specs["mlp_down"] == str(P("tensor", "fsdp"))        # ("mlp", "embed")
+    assert specs["adam_mu_up"] == str(P("fsdp", "tensor"))      # Adam moment = its param's
+    assert specs["step"] == str(P())
+    assert result["embedding_shard_shape"] == [160, 8]          # vocab / 2, embed / 4
+
+    assert result["restored_query_spec"] == str(P("fsdp", "tensor", None))
+    np.testing.assert_allclose(result["continued_sharded"], result["continued_single"],
+                               rtol=0, atol=1e-5)
+
+
+def test_rules_table_maps_each_logical_axis_once():
+    names = [name for name, _ in LOGICAL_AXIS_RULES]
+    assert len(names) == len(set(names))
+    rules = dict(LOGICAL_AXIS_RULES)
+    assert rules["batch"] == ("data", "fsdp") and rules["embed"] == "fsdp"
+    assert {rules[n] for n in ("vocab", "mlp", "heads", "heads_x_dim", "v_heads")} == {"tensor"}
+
+
+def test_indivisible_dimensions_fall_back_to_replication():
+    from jax.sharding import AbstractMesh, AxisType
+
+    from train.sharding import _fit_to_shape
+
+    mesh = AbstractMesh((2, 4, 2), ("data", "fsdp", "tensor"), axis_types=(AxisType.Auto,) * 3)
+    assert _fit_to_shape(P("tensor", "fsdp"), (257, 32), mesh) == P(None, "fsdp")
+    assert _fit_to_shape(P(("data", "fsdp"), None), (8, 33), mesh) == P(("data", "fsdp"), None)
+    assert _fit_to_shape(P(("data", "fsdp"), None), (12, 33), mesh) == P(None, None)
+    assert _fit_to_shape(P("fsdp"), (8, 3), mesh) == P("fsdp", None)
+
+
+def test_single_process_environment_does_not_initialize_distributed(monkeypatch):
+    for name in ("JAX_COORDINATOR_ADDRESS", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("SLURM_NTASKS", "1")
+    assert maybe_initialize_distributed() is False
+
+
+def test_make_mesh_checks_the_device_count():
+    mesh = make_mesh((1, 1, 1), jax.devices()[:1])
+    assert mesh.axis_names == ("data", "fsdp", "tensor")
+    with pytest.raises(ValueError, match="sizes"):
+        make_mesh((2, 1, 1), jax.devices()[:1])
+    with pytest.raises(ConfigError, match="does not divide"):
+        validate_for_devices(load_config(None, ["mesh.tensor=2"]), 1)

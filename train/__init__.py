@@ -1,0 +1,1 @@
+"""Sharded trainer for the FPA and GatedDeltaNet language models (`python -m train --help`)."""

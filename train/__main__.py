@@ -1,0 +1,7 @@
+"""`python -m train ...`: see train/cli.py."""
+
+import sys
+
+from train.cli import main
+
+sys.exit(main())

@@ -1,0 +1,138 @@
+"""Device mesh, the one logical-axis rules table, and the shardings of params, state and batches.
+
+    mesh axes            ("data", "fsdp", "tensor"), sizes from config.mesh, all AxisType.Auto
+    logical -> mesh      batch -> ("data", "fsdp"); embed -> fsdp; vocab, mlp, heads,
+                         heads_x_dim, v_heads -> tensor; everything else replicated
+    param [d_0..d_n]     NamedSharding(mesh, P(rule(axis_0), ..., rule(axis_n))); a mesh axis that
+                         does not divide its dimension is dropped (that dimension is replicated)
+    batch [B, T+1]       P(("data", "fsdp"), None): each process feeds its rows, B / process_count
+
+The rules are applied in order and a mesh axis is used once per array, so activations
+("batch", "length", "embed") shard the batch over data x fsdp and leave embed whole.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import flax.linen as nn
+import jax
+import numpy as np
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+
+MESH_AXES = ("data", "fsdp", "tensor")
+BATCH_MESH_AXES = ("data", "fsdp")
+LOGICAL_AXIS_RULES: tuple[tuple[str, Any], ...] = (
+    ("batch", BATCH_MESH_AXES),
+    ("embed", "fsdp"),
+    ("vocab", "tensor"),
+    ("mlp", "tensor"),
+    ("heads", "tensor"),
+    ("heads_x_dim", "tensor"),
+    ("v_heads", "tensor"),
+    ("length", None),
+    ("head_dim", None),
+    ("v_head_dim", None),
+    ("conv", None),
+)
+
+def maybe_initialize_distributed() -> bool:
+    """jax.distributed.initialize() when the environment describes a multi-process job.
+
+    Recognised: JAX_COORDINATOR_ADDRESS (with JAX_NUM_PROCESSES, JAX_PROCESS_ID), or a SLURM
+    job step with more than one task (auto-detected by JAX), or Open MPI (OMPI_COMM_WORLD_SIZE).
+    Returns True when it initialised.
+    """
+    coordinator = os.environ.get("JAX_COORDINATOR_ADDRESS")
+    if coordinator:
+        num_processes = os.environ.get("JAX_NUM_PROCESSES")
+        process_id = os.environ.get("JAX_PROCESS_ID")
+        jax.distributed.initialize(
+            coordinator_address=coordinator,
+            num_processes=int(num_processes) if num_processes else None,
+            process_id=int(process_id) if process_id else None)
+        return True
+    tasks = max(int(os.environ.get("SLURM_NTASKS", "1")), int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1")))
+    if tasks > 1:
+        jax.distributed.initialize()
+        return True
+    return False
+
+
+def make_mesh(sizes: tuple[int, int, int], devices: Any = None) -> Mesh:
+    """A ("data", "fsdp", "tensor") mesh with Auto axis types (sizes from validate_for_devices)."""
+    devices = jax.devices() if devices is None else devices
+    if int(np.prod(sizes)) != len(devices):
+        raise ValueError(f"make_mesh: sizes {sizes} need {int(np.prod(sizes))} devices, "
+                         f"got {len(devices)}")
+    return jax.make_mesh(tuple(sizes), MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES),
+                         devices=devices)
+
+
+def mesh_context(mesh: Mesh):
+    """The mesh in scope while tracing: the model's activation constraints resolve against it."""
+    return jax.set_mesh(mesh)
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    return NamedSharding(mesh, PartitionSpec())
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+    return NamedSharding(mesh, PartitionSpec(BATCH_MESH_AXES))
+
+
+def _fit_to_shape(spec: PartitionSpec, shape: tuple[int, ...], mesh: Mesh) -> PartitionSpec:
+    """Drop mesh axes that do not divide their dimension (replicate that dimension instead)."""
+    fitted = []
+    for dim, axes in zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec))):
+        names = (axes,) if isinstance(axes, str) else tuple(axes or ())
+        size = int(np.prod([mesh.shape[name] for name in names])) if names else 1
+        fitted.append(axes if names and dim % size == 0 else None)
+    return PartitionSpec(*fitted)
+
+
+def logical_shardings(boxed_tree: Any, mesh: Mesh) -> Any:
+    """NamedShardings for a tree of (possibly nn.LogicallyPartitioned) arrays or ShapeDtypeStructs.
+
+    Leaves without logical names are replicated.
+    """
+    logical_specs = nn.get_partition_spec(boxed_tree)
+    mesh_specs = nn.logical_to_mesh(logical_specs, LOGICAL_AXIS_RULES)
+    values = nn.meta.unbox(boxed_tree)
+    return jax.tree.map(
+        lambda spec, value: NamedSharding(mesh, _fit_to_shape(spec, value.shape, mesh)),
+        mesh_specs, values, is_leaf=lambda x: isinstance(x, PartitionSpec))
+
+
+def state_shardings(abstract_opt_state: Any, abstract_params: Any, param_shardings: Any,
+                    mesh: Mesh) -> Any:
+    """Optimizer-state shardings: a leaf whose trailing dict keys name a param of the same shape
+    (Adam moments, momenta) follows that param; everything else (counts, scalars) replicates."""
+    by_path = {}
+    for path, value in jax.tree_util.tree_leaves_with_path(abstract_params):
+        by_path[_dict_keys(path)] = value.shape
+    shardings = dict(zip((_dict_keys(p) for p, _ in
+                          jax.tree_util.tree_leaves_with_path(param_shardings)),
+                         jax.tree.leaves(param_shardings)))
+
+    def sharding_for(path, leaf):
+        keys = _dict_keys(path)
+        for start in range(len(keys)):
+            suffix = keys[start:]
+            if suffix in by_path and by_path[suffix] == leaf.shape:
+                return shardings[suffix]
+        return replicated(mesh)
+
+    return jax.tree_util.tree_map_with_path(sharding_for, abstract_opt_state)
+
+
+def _dict_keys(path: tuple) -> tuple[str, ...]:
+    return tuple(str(entry.key) for entry in path if isinstance(entry, jax.tree_util.DictKey))
+
+
+def global_batch(local_batch: dict[str, np.ndarray], sharding: NamedSharding) -> dict[str, jax.Array]:
+    """Assemble each process's rows into one global array sharded over (data, fsdp)."""
+    return {name: jax.make_array_from_process_local_data(sharding, np.asarray(value))
+            for name, value in local_batch.items()}
