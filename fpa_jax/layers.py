@@ -188,6 +188,20 @@ def positions_within_segments(segment_ids, batch: int, length: int):
     return steps - segment_start
 
 
+def _check_rope(layer: str, module) -> None:
+    _check_positive_float(layer, "rope_base", module.rope_base)
+    if module.position == "rope" and module.head_dim % 2:
+        raise ValueError(f"{layer}: position='rope' needs an even head_dim, got {module.head_dim}")
+
+
+def _rotate(module, q, k, x, segment_ids, positions):
+    """RoPE on q and k [B, T, H, D]; positions default to restarting at each document."""
+    if positions is None:
+        positions = positions_within_segments(segment_ids, *x.shape[:2])
+    return (apply_rope(q, positions, base=module.rope_base),
+            apply_rope(k, positions, base=module.rope_base))
+
+
 def _head_projections(module, x, names):
     """q/k/v-style projections x [B,T,D] -> [B,T,H,head_dim], one DenseGeneral per name."""
     return [
@@ -417,18 +431,13 @@ class SoftmaxAttention(nn.Module):
         layer = type(self).__name__
         _check_common(self)
         _check_choice(layer, "position", self.position, SOFTMAX_POSITIONS)
-        _check_positive_float(layer, "rope_base", self.rope_base)
-        if self.position == "rope" and self.head_dim % 2:
-            raise ValueError(f"{layer}: position='rope' needs an even head_dim, got {self.head_dim}")
+        _check_rope(layer, self)
         _check_inputs(layer, x, segment_ids, positions)
 
         q, k, v = _head_projections(self, x, ("query", "key", "value"))
         slopes = None
         if self.position == "rope":
-            if positions is None:
-                positions = positions_within_segments(segment_ids, *x.shape[:2])
-            q = apply_rope(q, positions, base=self.rope_base)
-            k = apply_rope(k, positions, base=self.rope_base)
+            q, k = _rotate(self, q, k, x, segment_ids, positions)
         elif self.position == "alibi":
             slopes = alibi_slopes(self.num_heads)
         out = softmax_attention(q, k, v, scale=_scale(self.head_dim), segment_ids=segment_ids,
@@ -460,17 +469,12 @@ class SelectiveAttention(nn.Module):
         _check_common(self)
         _check_choice(layer, "position", self.position, SELECTIVE_POSITIONS)
         _check_dense_only(layer, "Selective Attention", self.implementation)
-        _check_positive_float(layer, "rope_base", self.rope_base)
-        if self.position == "rope" and self.head_dim % 2:
-            raise ValueError(f"{layer}: position='rope' needs an even head_dim, got {self.head_dim}")
+        _check_rope(layer, self)
         _check_inputs(layer, x, segment_ids, positions)
 
         q, k, v = _head_projections(self, x, ("query", "key", "value"))
         if self.position == "rope":
-            if positions is None:
-                positions = positions_within_segments(segment_ids, *x.shape[:2])
-            q = apply_rope(q, positions, base=self.rope_base)
-            k = apply_rope(k, positions, base=self.rope_base)
+            q, k = _rotate(self, q, k, x, segment_ids, positions)
         scale = _scale(self.head_dim)
         selection_logits = scale * jnp.einsum(
             "bud,bsd->bus", q[:, :, 0], k[:, :, 0], preferred_element_type=jnp.float32

@@ -296,7 +296,7 @@ def fit(config: Config, run_dir: str | Path, *,
                             last_eval = run_eval()
                             eval_loss, eval_step = last_eval["loss"], step
                         save(force=False)
-                if _stop_everywhere(stop) or checkpointer.reached_preemption(step):
+                if _stop_everywhere(stop, step, t.log_every) or checkpointer.reached_preemption(step):
                     preempted = True
                     log.flush(step)
                     bar.message(f"stop requested ({stop.signal_name or 'preemption'}): "
@@ -369,10 +369,16 @@ class _StepLog:
         return self.tokens_per_step * self.timed_steps / self.timed_seconds
 
 
-def _stop_everywhere(stop: ckpt.PreemptionFlag) -> bool:
-    """A stop requested on any process stops every process (at the same step)."""
+def _stop_everywhere(stop: ckpt.PreemptionFlag, step: int, every: int) -> bool:
+    """A stop requested on any process stops every process (at the same step).
+
+    One process: checked every step (a host flag, no device sync). Several processes: the
+    flags are gathered only every `every` steps, so the hot loop holds no per-step collective.
+    """
     if jax.process_count() == 1:
         return bool(stop)
+    if step % every:
+        return False
     return bool(np.any(multihost_utils.process_allgather(np.asarray(bool(stop)))))
 
 

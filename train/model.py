@@ -48,11 +48,7 @@ def _dtype(name: str) -> Any:
 
 def positions_within_documents(segment_ids: jax.Array) -> jax.Array:
     """[B, T] int32 positions 0, 1, 2, ... restarting wherever segment_ids changes."""
-    batch, length = segment_ids.shape
-    steps = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
-    is_start = jnp.concatenate(
-        [jnp.ones((batch, 1), bool), segment_ids[:, 1:] != segment_ids[:, :-1]], axis=1)
-    return steps - jax.lax.cummax(jnp.where(is_start, steps, 0), axis=1)
+    return layers.positions_within_segments(segment_ids, *segment_ids.shape)
 
 
 def build_mixer(config: Config, layer_index: int, name: str) -> nn.Module:

@@ -60,6 +60,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from fpa_jax.fpa import checks
+from fpa_jax.fpa.reference import pair_mask
 
 DEFAULT_BLOCK_SIZE = 128
 _DEFAULT_QUERY_CHUNKS = 4
@@ -122,15 +123,6 @@ def check_block_size(name, size):
 # --------------------------------------------------------------------------- dense oracle
 
 
-def _valid_pairs(segment_ids, length):
-    """[B or 1, 1, T, T] bool: query t may attend key s."""
-    causal = jnp.tril(jnp.ones((length, length), dtype=bool))[None, None]
-    if segment_ids is None:
-        return causal
-    same = segment_ids[:, None, :, None] == segment_ids[:, None, None, :]
-    return causal & same
-
-
 def dense_attention(q, k, v, bias=None, *, scale=None, segment_ids=None):
     """Dense masked causal softmax attention (reference). Returns (out, lse).
 
@@ -150,7 +142,7 @@ def dense_attention(q, k, v, bias=None, *, scale=None, segment_ids=None):
             raise ValueError(f"bias: expected a shape broadcastable to [B, H, T, T] = "
                              f"{logits.shape}, got {jnp.shape(bias)}") from None
         logits = logits + jnp.asarray(bias, jnp.float32)
-    valid = _valid_pairs(segment_ids, length)
+    valid = pair_mask(segment_ids, length)
     logits = jnp.where(valid, logits, -jnp.inf)
     row_max = lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
     row_max = jnp.where(jnp.isfinite(row_max), row_max, 0.0)

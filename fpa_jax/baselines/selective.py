@@ -24,14 +24,14 @@ import jax.numpy as jnp
 
 from fpa_jax.baselines import flash_xla
 from fpa_jax.fpa import checks
+from fpa_jax.fpa.fields import document_starts
 
 
 def _document_starts(segment_ids, batch, length):
     """[B, T] bool: position 0 and every position whose segment id differs from its left."""
     if segment_ids is None:
         return jnp.broadcast_to(jnp.arange(length) == 0, (batch, length))
-    changed = segment_ids[:, 1:] != segment_ids[:, :-1]
-    return jnp.concatenate([jnp.ones((batch, 1), bool), changed], axis=1)
+    return document_starts(segment_ids)
 
 
 def selection_penalty(selection_logits, segment_ids=None):

@@ -55,9 +55,9 @@ def fpa_attention(q, k, v, phi, psi, beta, *, scale=None, tau=1.0, segment_ids=N
         return fpa_attention_reference(q, k, v, phi, psi, beta, scale=scale, tau=tau,
                                        segment_ids=segment_ids, query_level=query_level,
                                        content=content)
-    block = choose_block_size(q.shape[1], block_size or DEFAULT_BLOCK_SIZE)
     if block_size is not None and (block_size <= 0 or block_size % 8):
         raise ValueError(f"block_size: expected a positive multiple of 8, got {block_size}")
+    block = choose_block_size(q.shape[1], block_size or DEFAULT_BLOCK_SIZE)
     config = BlockedConfig(scale=scale, tau=float(tau), block_size=block,
                            query_level=bool(query_level), content=bool(content))
     return fpa_blocked(q, k, v, phi, psi, beta, segment_ids, config)

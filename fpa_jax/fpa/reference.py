@@ -20,7 +20,7 @@ from fpa_jax.fpa import checks
 from fpa_jax.fpa.blocks import BIG, range_table
 
 
-def _pair_mask(segment_ids, length):
+def pair_mask(segment_ids, length):
     """[B or 1, 1, T, T] bool: query t may see key s (causal, same document)."""
     causal = jnp.tril(jnp.ones((length, length), dtype=bool))[None, None]
     if segment_ids is None:
@@ -57,7 +57,7 @@ def fpa_bias(phi, psi, beta, *, tau=1.0, segment_ids=None, query_level=False):
     strictly_past = jnp.tril(jnp.ones(range_min.shape[-2:], dtype=bool), k=-1)
     dip = jnp.where(strictly_past & (gap < 0), gap, 0.0)
     bias = beta.astype(dtype)[None, :, None, None] * dip
-    return jnp.where(_pair_mask(segment_ids, phi.shape[1]), bias, -jnp.inf)
+    return jnp.where(pair_mask(segment_ids, phi.shape[1]), bias, -jnp.inf)
 
 
 def fpa_attention_reference(q, k, v, phi, psi, beta, *, scale=None, tau=1.0, segment_ids=None,
