@@ -5,9 +5,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from tests.seeds import run_seed
 from fpa_jax import fields, fpa_attention, fpa_bias
 
-SEED = np.random.SeedSequence().entropy % (2**31)  # fresh inputs every run; printed on failure
+SEED = run_seed()  # fresh every session; TEST_SEED reproduces it
 
 
 def make_inputs(seed, batch=2, length=37, heads=3, dim=8, step=1.0, tilt=0.0, dtype=jnp.float32):
