@@ -1,210 +1,127 @@
-"""FPA attention benchmark: time and peak memory of the op's paths, with anchors in the same run.
+"""FPA attention benchmark: the op's paths and their anchors, JAX and PyTorch, in one table.
 
-    python benchmarks/bench_fpa.py --device cpu [--json out.json]
-        reference (dense) vs xla (blocked) at T = 512 ... 8192: forward and forward+backward
-        median time, and the compiled program's peak memory (arguments + outputs + temporaries).
-    python benchmarks/bench_fpa.py --device gpu [--json out.json] [--torch]
-        bf16 shapes of BENCHMARKS.md: FPA (xla), FoX (xla), jax.nn.dot_product_attention
-        (cudnn, causal) as the anchor, ratios, TFLOP/s against a bf16 matmul measured in this run.
-        --torch also runs PyTorch SDPA (and fla's FoX kernel when importable) in a subprocess.
+    python benchmarks/bench_fpa.py [--lengths 512,1024] [--json out.json]
+        CPU, float32, B=1 H=2 D=64, T = 512 ... 8192: "fpa reference" (dense T x T oracle,
+        the anchor) against "fpa xla" (blocked, O(T * block) memory), forward and
+        forward+backward time and compiled peak memory; rel err of xla against the oracle.
+    python benchmarks/bench_fpa.py --device gpu [--no-torch] [--json out.json]
+        bf16 at the shapes of docs/benchmarks.md: "fpa xla", "fox xla" and "cudnn sdpa"
+        (jax.nn.dot_product_attention, causal: the anchor); the PyTorch side adds "torch sdpa"
+        (F.scaled_dot_product_attention, causal) and "fla fox" (flash-linear-attention's FoX
+        kernel) when importable. rel err compares fox xla with fla fox and cudnn with torch sdpa
+        on the same inputs.
 
-Timing: warm-up, then the median of repeated calls with block_until_ready, fresh random inputs.
+Every shape's inputs are drawn once (NumPy, fixed seed) and shared by both sides; see
+benchmarks/harness.py for how the two processes run and what the table shows.
 """
 
-import argparse
-import json
-import os
-import statistics
-import subprocess
+import functools
 import sys
-import time
+from pathlib import Path
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
-from fpa_jax import fields, fpa_attention
-from fpa_jax.baselines import fox_attention
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+
+from benchmarks import harness  # noqa: E402
 
 GPU_SHAPES = [(4, 4096, 12, 64), (1, 16384, 12, 64), (8, 2048, 16, 128)]
+FPA_ARGS = ("q", "k", "v", "phi", "psi", "beta")
+FOX_ARGS = ("q", "k", "v", "log_forget")
+SDPA_ARGS = ("q", "k", "v")
 
 
-def median_ms(fn, *args, warmup=2, repeats=10):
-    for _ in range(warmup):
-        jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
+def add_arguments(parser):
+    parser.add_argument("--lengths", default="512,1024,2048,4096,8192",
+                        help="CPU: sequence lengths T, comma-separated")
+    parser.add_argument("--batch", type=int, default=1, help="CPU: B")
+    parser.add_argument("--heads", type=int, default=2, help="CPU: H")
+    parser.add_argument("--dim", type=int, default=64, help="CPU: head dim D")
+    parser.add_argument("--shapes", nargs="+", default=None,
+                        help="B,T,H,D shapes (override the device's defaults)")
+    parser.add_argument("--block-size", type=int, default=64, help="block of the FPA xla path")
 
 
-def peak_bytes(jitted, *args):
-    stats = jitted.lower(*args).compile().memory_analysis()
-    return stats.argument_size_in_bytes + stats.output_size_in_bytes + stats.temp_size_in_bytes
+def shapes(args):
+    if args.shapes:
+        return [tuple(int(n) for n in shape.split(",")) for shape in args.shapes]
+    if args.device == "gpu":
+        return GPU_SHAPES
+    return [(args.batch, int(length), args.heads, args.dim) for length in args.lengths.split(",")]
 
 
-def make_inputs(shape, dtype, seed=0):
-    batch, length, heads, dim = shape
-    keys = jax.random.split(jax.random.PRNGKey(seed), 6)
-    q, k, v = (jax.random.normal(keys[i], shape, dtype) for i in range(3))
-    delta = 0.3 * jax.random.normal(keys[3], (batch, length, heads)) - 0.05
-    phi, psi = fields(delta, 0.5 * jax.random.normal(keys[4], delta.shape), 0.5 * jax.random.normal(keys[5], delta.shape))
-    return q, k, v, phi, psi, jnp.ones((heads,), jnp.float32)
+def make_inputs(shape, seed):
+    """q, k, v [B, T, H, D]; phi, psi (a drifting walk plus offsets) and log_forget [B, T, H]."""
+    batch, length, heads, _ = shape
+    rng = np.random.default_rng(seed)
+    q, k, v = rng.standard_normal((3, *shape), dtype=np.float32)
+    per_token = (batch, length, heads)
+    walk = np.cumsum(0.3 * rng.standard_normal(per_token) - 0.05, axis=1)
+    return dict(q=q, k=k, v=v,
+                phi=walk + 0.5 * rng.standard_normal(per_token),
+                psi=walk + 0.5 * rng.standard_normal(per_token),
+                beta=np.ones((heads,), np.float32),
+                log_forget=-np.logaddexp(0.0, -(rng.standard_normal(per_token) + 4.0)))
 
 
-def fpa_programs(implementation, **kw):
-    forward = jax.jit(lambda *a: fpa_attention(*a, implementation=implementation, **kw))
-    loss = lambda *a: fpa_attention(*a, implementation=implementation, **kw).astype(jnp.float32).sum()
-    backward = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3, 4, 5)))
-    return forward, backward
+def jax_entries(args):
+    """(name, fn, argument names[, reference]): add an implementation with one line here."""
+    import jax
+    from fpa_jax import fox_attention, fpa_attention
 
-
-def bench_cpu(lengths, dense_limit_bytes):
-    rows = []
-    for length in lengths:
-        args = make_inputs((1, length, 2, 64), jnp.float32)
-        for implementation in ("reference", "xla"):
-            forward, backward = fpa_programs(implementation)
-            row = dict(impl=implementation, T=length)
-            row["fwd_bytes"] = peak_bytes(forward, *args)
-            row["fwdbwd_bytes"] = peak_bytes(backward, *args)
-            if row["fwdbwd_bytes"] > dense_limit_bytes:
-                row.update(fwd_ms=None, fwdbwd_ms=None)
-            else:
-                row["fwd_ms"] = median_ms(forward, *args, repeats=3)
-                row["fwdbwd_ms"] = median_ms(backward, *args, repeats=3)
-            rows.append(row)
-            print(row, file=sys.stderr, flush=True)
-    print(f"\nFPA on CPU, B=1 H=2 D=64 float32 ({jax.devices()[0].device_kind})")
-    print(f"{'impl':<10}{'T':>7}{'fwd ms':>10}{'fwd+bwd ms':>12}{'fwd MiB':>10}{'fwd+bwd MiB':>13}")
-    for r in rows:
-        ms = lambda x: f"{x:10.1f}" if x is not None else f"{'skipped':>10}"
-        print(f"{r['impl']:<10}{r['T']:>7}{ms(r['fwd_ms'])}{ms(r['fwdbwd_ms']):>12}"
-              f"{r['fwd_bytes'] / 2**20:10.1f}{r['fwdbwd_bytes'] / 2**20:13.1f}")
-    return rows
-
-
-def matmul_tflops():
-    size = 8192
-    a = jax.random.normal(jax.random.PRNGKey(1), (size, size), jnp.bfloat16)
-    b = jax.random.normal(jax.random.PRNGKey(2), (size, size), jnp.bfloat16)
-    ms = median_ms(jax.jit(jnp.matmul), a, b, warmup=3, repeats=20)
-    return 2 * size**3 / (ms * 1e-3) / 1e12
-
-
-def attention_flops(shape, backward):
-    batch, length, heads, dim = shape
-    forward = 2 * 2 * batch * heads * length * length * dim / 2  # causal: half the tiles
-    return forward * (3.5 if backward else 1.0)
-
-
-def bench_gpu(block_size):
-    ceiling = matmul_tflops()
-    rows = []
-    for shape in GPU_SHAPES:
-        args = make_inputs(shape, jnp.bfloat16)
-        q, k, v, phi, psi, beta = args
-        log_forget = jnp.minimum(phi - phi, 0.0) - 0.02
-        programs = {
-            "fpa xla": (fpa_programs("xla", block_size=block_size), args),
-            "fox xla": ((jax.jit(lambda q, k, v, f: fox_attention(q, k, v, f, implementation="xla")),
-                         jax.jit(jax.grad(lambda q, k, v, f: fox_attention(q, k, v, f, implementation="xla").astype(jnp.float32).sum(), argnums=(0, 1, 2, 3)))),
-                        (q, k, v, log_forget)),
-            "cudnn sdpa": ((jax.jit(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn")),
-                            jax.jit(jax.grad(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn").astype(jnp.float32).sum(), argnums=(0, 1, 2)))),
-                           (q, k, v)),
-        }
-        timings = {}
-        for name, ((forward, backward), inputs) in programs.items():
-            try:
-                timings[name] = (median_ms(forward, *inputs, warmup=3, repeats=30),
-                                 median_ms(backward, *inputs, warmup=3, repeats=30))
-            except Exception as error:  # report, keep benchmarking the rest
-                print(f"{name} {shape}: failed: {type(error).__name__}: {error}"[:400], file=sys.stderr)
-                timings[name] = (float("nan"), float("nan"))
-        anchor = timings["cudnn sdpa"]
-        for name, (fwd, fwdbwd) in timings.items():
-            rows.append(dict(op=name, shape=shape, fwd_ms=fwd, fwdbwd_ms=fwdbwd,
-                             fwd_ratio=fwd / anchor[0], fwdbwd_ratio=fwdbwd / anchor[1],
-                             fwd_tflops=attention_flops(shape, False) / (fwd * 1e-3) / 1e12,
-                             fwdbwd_tflops=attention_flops(shape, True) / (fwdbwd * 1e-3) / 1e12))
-    print(f"\nGPU {jax.devices()[0].device_kind}; bf16 matmul ceiling {ceiling:.0f} TFLOP/s (this run)")
-    print(f"{'op':<12}{'shape (B,T,H,D)':<22}{'fwd ms':>9}{'x cudnn':>9}{'fwd+bwd ms':>12}{'x cudnn':>9}{'TFLOP/s f/fb':>15}")
-    for r in rows:
-        print(f"{r['op']:<12}{str(r['shape']):<22}{r['fwd_ms']:9.2f}{r['fwd_ratio']:9.2f}"
-              f"{r['fwdbwd_ms']:12.2f}{r['fwdbwd_ratio']:9.2f}{r['fwd_tflops']:8.0f}/{r['fwdbwd_tflops']:.0f}")
-    return dict(matmul_tflops=ceiling, rows=rows)
-
-
-TORCH_SCRIPT = r"""
-import json, sys, torch
-import torch.nn.functional as F
-shapes = json.loads(sys.argv[1]); rows = []
-def bench(fn, n=30):
-    for _ in range(3): fn()
-    torch.cuda.synchronize(); times = []
-    for _ in range(n):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record(); fn(); b.record(); torch.cuda.synchronize(); times.append(a.elapsed_time(b))
-    times.sort(); return times[len(times) // 2]
-try:
-    from fla.ops.forgetting_attn import parallel_forgetting_attn
-except Exception as e:
-    parallel_forgetting_attn = None; print("fla FoX unavailable:", e, file=sys.stderr)
-for B, T, H, D in shapes:
-    q, k, v = (torch.randn(B, H, T, D, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
-    fwd = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    def fb():
-        F.scaled_dot_product_attention(q, k, v, is_causal=True).float().sum().backward()
-    rows.append(dict(op="torch sdpa", shape=[B, T, H, D], fwd_ms=bench(fwd), fwdbwd_ms=bench(fb)))
-    if parallel_forgetting_attn is not None:
-        qt, kt, vt = (x.detach().transpose(1, 2).contiguous().requires_grad_() for x in (q, k, v))
-        g = torch.nn.functional.logsigmoid(torch.randn(B, T, H, device="cuda") + 4).requires_grad_()
-        fwd = lambda: parallel_forgetting_attn(qt, kt, vt, g)
-        def fb():
-            parallel_forgetting_attn(qt, kt, vt, g).float().sum().backward()
-        rows.append(dict(op="fla fox", shape=[B, T, H, D], fwd_ms=bench(fwd), fwdbwd_ms=bench(fb)))
-print(json.dumps(rows))
-"""
-
-
-def bench_torch():
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES=os.environ.get("CUDA_VISIBLE_DEVICES", "0"))
-    result = subprocess.run([sys.executable, "-c", TORCH_SCRIPT, json.dumps(GPU_SHAPES)],
-                            capture_output=True, text=True, env=env)
-    if result.returncode != 0:
-        print("torch anchors failed:\n" + result.stderr[-2000:], file=sys.stderr)
-        return []
-    rows = json.loads(result.stdout.strip().splitlines()[-1])
-    print(f"\nPyTorch anchors (separate process)")
-    for r in rows:
-        print(f"{r['op']:<12}{str(tuple(r['shape'])):<22}{r['fwd_ms']:9.2f}{r['fwdbwd_ms']:12.2f}")
-    return rows
-
-
-def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
-    parser.add_argument("--lengths", default="512,1024,2048,4096,8192")
-    parser.add_argument("--dense-limit-gib", type=float, default=12.0,
-                        help="skip timing a program whose compiled peak memory exceeds this")
-    parser.add_argument("--block-size", type=int, default=64)
-    parser.add_argument("--torch", action="store_true", help="also time PyTorch anchors (GPU)")
-    parser.add_argument("--json", default=None)
-    args = parser.parse_args()
     if args.device == "cpu":
-        lengths = [int(x) for x in args.lengths.split(",")]
-        result = dict(cpu=bench_cpu(lengths, args.dense_limit_gib * 2**30))
-    else:
-        result = dict(gpu=bench_gpu(args.block_size))
-        if args.torch:
-            result["torch"] = bench_torch()
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1, default=str)
+        return [
+            ("fpa reference", functools.partial(fpa_attention, implementation="reference"),
+             FPA_ARGS),
+            ("fpa xla", functools.partial(fpa_attention, implementation="xla",
+                                          block_size=args.block_size), FPA_ARGS, "fpa reference"),
+        ]
+    cudnn = functools.partial(jax.nn.dot_product_attention, is_causal=True, implementation="cudnn")
+    return [
+        ("fpa xla", functools.partial(fpa_attention, implementation="xla",
+                                      block_size=args.block_size), FPA_ARGS),
+        ("fox xla", functools.partial(fox_attention, implementation="xla"), FOX_ARGS, "fla fox"),
+        ("cudnn sdpa", cudnn, SDPA_ARGS, "torch sdpa"),
+    ]
 
+
+def torch_entries(args, device):
+    """PyTorch anchors on the same [B, T, H, D] inputs; (entries, notes)."""
+    import torch.nn.functional as F
+
+    def sdpa(q, k, v):
+        heads_first = [x.transpose(1, 2) for x in (q, k, v)]
+        return F.scaled_dot_product_attention(*heads_first, is_causal=True).transpose(1, 2)
+
+    entries, notes = [("torch sdpa", sdpa, SDPA_ARGS)], []
+    if device != "cuda":
+        notes.append("fla fox not run: it needs a CUDA device")
+        return entries, notes
+    try:
+        import fla
+        from fla.ops.forgetting_attn import parallel_forgetting_attn
+    except Exception as error:  # an optional anchor: say why it is missing
+        notes.append(f"fla fox not run: flash-linear-attention not importable ({error})")
+        return entries, notes
+    notes.append(f"fla {fla.__version__}")
+    entries.append(("fla fox", parallel_forgetting_attn, FOX_ARGS))
+    return entries, notes
+
+
+def flops(shape):
+    """Causal attention: 2 matmuls of 2 B H T^2 D / 2 flops forward; backward adds 2.5x."""
+    batch, length, heads, dim = shape
+    forward = 2 * 2 * batch * heads * length * length * dim / 2
+    return forward, 3.5 * forward
+
+
+BENCHMARK = harness.Benchmark(
+    name="fpa", title="FPA attention", script=__file__, shapes=shapes, make_inputs=make_inputs,
+    jax_entries=jax_entries, torch_entries=torch_entries, flops=flops,
+    anchor=lambda args: "cudnn sdpa" if args.device == "gpu" else "fpa reference",
+    description=__doc__, add_arguments=add_arguments, keep_float32=("phi", "psi", "beta", "log_forget"),
+    shape_header="shape (B,T,H,D)",
+    flops_note="TFLOP/s: causal attention's 2 B H T^2 D forward flops (x3.5 with backward)")
 
 if __name__ == "__main__":
-    main()
+    sys.exit(harness.run(BENCHMARK))
