@@ -1,4 +1,7 @@
-"""Gated DeltaNet in JAX: the delta-rule ops, the Flax layer, SpectralShift and spectral diagnostics."""
+"""Gated DeltaNet in JAX: the delta-rule ops, the Flax layer, SpectralShift and spectral diagnostics.
+
+REGISTRIES maps op name ("gated_delta_rule") -> its dispatch Registry (gdn_jax.ops.api.REGISTRY).
+"""
 
 from gdn_jax.diagnostics import (
     SlowModeSummary,
@@ -10,11 +13,15 @@ from gdn_jax.diagnostics import (
     write_energy,
 )
 from gdn_jax.layer import GatedDeltaNet
+from gdn_jax.ops import api as _ops_api
 from gdn_jax.ops.api import gated_delta_rule, recurrent_gated_delta_rule
 from gdn_jax.spectral_shift import optimizer_labels, spectral_shift, spectralshift_scale
 
+REGISTRIES = {_ops_api.REGISTRY.op_name: _ops_api.REGISTRY}  # op name -> dispatch Registry
+
 __all__ = [
     "GatedDeltaNet",
+    "REGISTRIES",
     "SlowModeSummary",
     "TransitionSpectrum",
     "gated_delta_rule",

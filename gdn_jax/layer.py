@@ -20,6 +20,10 @@ Initialisation: projections lecun-normal; conv taps U(-1/sqrt(conv_size), 1/sqrt
 dt = exp(U(log 1e-3, log 0.1)) clamped below at 1e-4, dt_bias = softplus^{-1}(dt)
 = dt + log(-expm1(-dt)); norm weight ones.
 
+`__call__(x, *, segment_ids=None, positions=None)` is the call signature of every token mixer
+(fpa_jax.layers): `positions` is checked ([B, T] int) and otherwise ignored, since the delta
+rule is position-free. `implementation` is checked at init against `gdn_jax.ops.api.REGISTRY`.
+
 Decoding cache (`init_cache`): conv states {q,k,v}_conv [B, conv_size - 1, channels] (the last
 inputs to each convolution) and the recurrent state [B, HV, K, V] float32.
 """
@@ -30,6 +34,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from gdn_jax.ops import api
 from gdn_jax.ops.api import gated_delta_rule, recurrent_gated_delta_rule
 
 L2_NORM_EPS = 1e-6
@@ -140,6 +145,11 @@ class GatedDeltaNet(nn.Module):
     chunk_size: int = 64
 
     @property
+    def op_name(self) -> str:
+        """The op this layer calls; `implementation` is checked against its registry."""
+        return api.REGISTRY.op_name
+
+    @property
     def value_heads(self) -> int:
         return self.num_heads if self.num_v_heads is None else self.num_v_heads
 
@@ -158,6 +168,10 @@ class GatedDeltaNet(nn.Module):
         if self.value_heads % self.num_heads:
             raise ValueError(f"GatedDeltaNet.num_v_heads: expected a multiple of num_heads={self.num_heads}, "
                              f"got {self.value_heads}")
+        try:
+            api.REGISTRY.check_name(self.implementation)
+        except ValueError as error:
+            raise ValueError(f"GatedDeltaNet: {error}") from None
 
     def setup(self):
         self._check_fields()
@@ -189,17 +203,20 @@ class GatedDeltaNet(nn.Module):
         self.o_proj = OutputProjection(dtype=self.dtype, param_dtype=self.param_dtype)
 
     # -- shared pieces -------------------------------------------------------------------------
-    def _check_inputs(self, x: jax.Array, segment_ids: jax.Array | None):
+    def _check_inputs(self, x: jax.Array, segment_ids: jax.Array | None,
+                      positions: jax.Array | None = None):
         if x.ndim != 3:
             raise ValueError(f"GatedDeltaNet: x must be [B, T, D], got shape {x.shape}")
         if not jnp.issubdtype(x.dtype, jnp.floating):
             raise TypeError(f"GatedDeltaNet: x must be floating point, got {x.dtype}")
-        if segment_ids is not None:
-            if segment_ids.shape != x.shape[:2]:
-                raise ValueError(f"GatedDeltaNet: segment_ids must be [B, T] = {x.shape[:2]}, "
-                                 f"got {segment_ids.shape}")
-            if not jnp.issubdtype(segment_ids.dtype, jnp.integer):
-                raise TypeError(f"GatedDeltaNet: segment_ids must be integer, got {segment_ids.dtype}")
+        for name, value in (("segment_ids", segment_ids), ("positions", positions)):
+            if value is None:
+                continue
+            if value.shape != x.shape[:2]:
+                raise ValueError(f"GatedDeltaNet: {name} must be [B, T] = {x.shape[:2]}, "
+                                 f"got {value.shape}")
+            if not jnp.issubdtype(value.dtype, jnp.integer):
+                raise TypeError(f"GatedDeltaNet: {name} must be integer, got {value.dtype}")
 
     def _split_heads(self, x: jax.Array, heads: int, dim: int) -> jax.Array:
         return x.reshape(*x.shape[:-1], heads, dim)
@@ -217,9 +234,13 @@ class GatedDeltaNet(nn.Module):
         return self.o_proj(gated.reshape(*gated.shape[:-2], -1), model_dim)
 
     # -- parallel forward ----------------------------------------------------------------------
-    def __call__(self, x: jax.Array, *, segment_ids: jax.Array | None = None) -> jax.Array:
-        """x [B, T, D] (segment_ids [B, T] int: equal ids = same contiguous document) -> [B, T, D]."""
-        self._check_inputs(x, segment_ids)
+    def __call__(self, x: jax.Array, *, segment_ids: jax.Array | None = None,
+                 positions: jax.Array | None = None) -> jax.Array:
+        """x [B, T, D] (segment_ids [B, T] int: equal ids = same contiguous document) -> [B, T, D].
+
+        positions [B, T] int: accepted for the mixers' common signature, checked, then ignored.
+        """
+        self._check_inputs(x, segment_ids, positions)
         x = x.astype(self.dtype)
         heads, head_dim = self.num_heads, self.head_dim
         q = l2_normalize(self._split_heads(self.q_conv(self.q_proj(x), segment_ids), heads, head_dim))

@@ -18,14 +18,19 @@ sum) and FPA (per-head path minimum). DCP's sparse alpha-sigmoid is replaced by 
 sigmoid (alpha = 1), which keeps the gradient dense; the caller builds mask_logits (DCP: from
 low-dimensional interaction queries and keys plus a per-layer offset).
 
-Dense reference only: M is a [B, T, T] float32 tensor (small T).
+Dense-only by design (M is a [B, T, T] float32 tensor: small T): `REGISTRY` (op name
+"dcp_attention") has the single entry "reference", which is also its default order, so
+implementation=None and "reference" are the only accepted values; the entry is
+`fn(q, k, v, mask_logits, segment_ids, *, scale) -> out` (notes/API.md, "Dispatch").
 """
 
 import jax
 import jax.numpy as jnp
 
 from fpa_jax.baselines import flash_xla
+from fpa_jax.dispatch import attention_facts
 from fpa_jax.fpa import checks
+from kernels_pallas.registry import Registry
 
 
 def keep_log_mask(mask_logits):
@@ -37,12 +42,22 @@ def keep_log_mask(mask_logits):
     return jnp.cumsum(log_keep, axis=1)
 
 
-def dcp_attention(q, k, v, mask_logits, *, scale=None, segment_ids=None):
-    """DCP-style attention (dense reference) -> out [B, T, H, Dv] (q's dtype)."""
-    batch, length, _, _ = flash_xla.check_qkv(q, k, v)
-    checks.require_shape("mask_logits", mask_logits, (batch, length, length))
-    checks.require_float("mask_logits", mask_logits)
-    checks.check_segment_ids(segment_ids, batch, length)
+def _reference(q, k, v, mask_logits, segment_ids, *, scale):
     out, _ = flash_xla.dense_attention(q, k, v, keep_log_mask(mask_logits)[:, None], scale=scale,
                                        segment_ids=segment_ids)
     return out
+
+
+REGISTRY = Registry("dcp_attention", default_order=("reference",))
+REGISTRY.register("reference", _reference)
+
+
+def dcp_attention(q, k, v, mask_logits, *, scale=None, segment_ids=None, implementation=None):
+    """DCP-style attention (dense reference) -> out [B, T, H, Dv] (q's dtype)."""
+    batch, length, _, head_dim = flash_xla.check_qkv(q, k, v)
+    checks.require_shape("mask_logits", mask_logits, (batch, length, length))
+    checks.require_float("mask_logits", mask_logits)
+    checks.check_segment_ids(segment_ids, batch, length)
+    scale = flash_xla.resolve_scale(scale, head_dim)
+    _, fn = REGISTRY.select(implementation, **attention_facts(q, v, segment_ids))
+    return fn(q, k, v, mask_logits, segment_ids, scale=scale)

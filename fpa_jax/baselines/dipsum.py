@@ -12,13 +12,20 @@ Where FPA kills a key by the depth of the deepest dip of the field below the key
 dip sum charges every step the field spends below it, so long shallow dips and short deep ones
 can cost the same. Documents are contiguous, so the u of a same-document pair never leave it.
 
-Dense reference only: the [B, H, T, T] bias is materialised; gradients by plain autodiff.
+Gradients by plain autodiff.
+
+Dense-only by design (the [B, H, T, T] bias is materialised): `REGISTRY` (op name
+"dipsum_attention") has the single entry "reference", which is also its default order, so
+implementation=None and "reference" are the only accepted values; the entry is
+`fn(q, k, v, phi, psi, beta, segment_ids, *, scale) -> out` (notes/API.md, "Dispatch").
 """
 
 import jax.numpy as jnp
 
 from fpa_jax.baselines import flash_xla
+from fpa_jax.dispatch import attention_facts
 from fpa_jax.fpa import checks
+from kernels_pallas.registry import Registry
 
 
 def dip_sum_bias(phi, psi, beta):
@@ -33,15 +40,26 @@ def dip_sum_bias(phi, psi, beta):
     return beta.astype(jnp.float32)[None, :, None, None] * path_sum
 
 
-def dipsum_attention(q, k, v, phi, psi, beta, *, scale=None, segment_ids=None):
+def _reference(q, k, v, phi, psi, beta, segment_ids, *, scale):
+    out, _ = flash_xla.dense_attention(q, k, v, dip_sum_bias(phi, psi, beta), scale=scale,
+                                       segment_ids=segment_ids)
+    return out
+
+
+REGISTRY = Registry("dipsum_attention", default_order=("reference",))
+REGISTRY.register("reference", _reference)
+
+
+def dipsum_attention(q, k, v, phi, psi, beta, *, scale=None, segment_ids=None,
+                     implementation=None):
     """Dip-sum FPA attention (dense reference) -> out [B, T, H, Dv] (q's dtype)."""
-    batch, length, heads, _ = flash_xla.check_qkv(q, k, v)
+    batch, length, heads, head_dim = flash_xla.check_qkv(q, k, v)
     flash_xla.check_per_token("phi", phi, batch, length, heads)
     flash_xla.check_per_token("psi", psi, batch, length, heads)
     checks.require_shape("beta", beta, (heads,))
     checks.require_float("beta", beta)
     checks.check_positive_beta(beta)
     checks.check_segment_ids(segment_ids, batch, length)
-    out, _ = flash_xla.dense_attention(q, k, v, dip_sum_bias(phi, psi, beta), scale=scale,
-                                       segment_ids=segment_ids)
-    return out
+    scale = flash_xla.resolve_scale(scale, head_dim)
+    _, fn = REGISTRY.select(implementation, **attention_facts(q, v, segment_ids))
+    return fn(q, k, v, phi, psi, beta, segment_ids, scale=scale)

@@ -41,14 +41,23 @@ Backward (jax.custom_vjp, flash style, tiles recomputed from q, k, v and the sav
     P_ts   = exp(logit_ts - lse_t)            dP_ts = <dout_t, v_s>
     Delta_t = <dout_t, out_t> - dlse_t         dS_ts = P_ts (dP_ts - Delta_t)
     dq_t = scale sum_s dS_ts k_s     dk_s = scale sum_t dS_ts q_t     dv_s = sum_t P_ts dout_t
-    d row_bias_t = sum_s dS_ts = dlse_t (sum_s P_ts = 1)     d col_bias_s = -sum_t dS_ts
+    d row_bias_t = sum_s dS_ts                 d col_bias_s = -sum_t dS_ts
 
-Each query chunk's scan carries its dq and emits (dk, dv, d col_bias) per key block; those are
-summed over chunks. bf16/fp16 inputs feed the matmuls in their own dtype with float32
-accumulation; softmax statistics, P and dS are float32.
+Each query chunk's scan carries its dq and d row_bias and emits (dk, dv, d col_bias) per key
+block; those are summed over chunks. bf16/fp16 inputs feed the matmuls in their own dtype with
+float32 accumulation; softmax statistics, P and dS are float32.
 
-Input checks shared by the baselines (shapes, dtypes, the `implementation` switch) live here
-too; every failure names the argument.
+Both bias gradients sum the same float32 dS, and Delta uses the float32 out (kept as the
+residual: 4 bytes per output element instead of 2 for bf16). FoX's d log_forget_u is a
+reverse cumulative sum of d row_bias + d col_bias, i.e. sum dS over pairs s < u <= t, small
+against the row and column sums it is the difference of. Taking d row_bias = dlse_t (true
+since sum_s P_ts = 1) while d col_bias sums a dS whose Delta came from the bf16-rounded out
+left a per-row error that no longer cancels in that sum: relative error 2.2e-2 instead of
+2.3e-3 at (B, T, H, D) = (2, 1000, 4, 64) (issue 16; tests/fpa_jax/test_bf16_gradients.py).
+
+Input checks shared by the baselines (shapes, dtypes, scale, block size) live here too; every
+failure names the argument. Choosing an implementation is each op's `REGISTRY` (fox.py,
+softmax.py, ...).
 """
 
 import functools
@@ -60,29 +69,14 @@ import jax.numpy as jnp
 from jax import lax
 
 from fpa_jax.fpa import checks
+from fpa_jax.fpa.padding import pad_segment_ids
 from fpa_jax.fpa.reference import pair_mask
 
 DEFAULT_BLOCK_SIZE = 128
 _DEFAULT_QUERY_CHUNKS = 4
-IMPLEMENTATIONS = ("reference", "xla")
 
 
 # --------------------------------------------------------------------------- input checks
-
-
-def resolve_implementation(implementation, op_name):
-    """None -> "xla"; "reference" / "xla" pass; "pallas" -> NotImplementedError; else ValueError."""
-    if implementation is None:
-        return "xla"
-    if implementation == "pallas":
-        raise NotImplementedError(
-            f"{op_name}: implementation 'pallas' is not available yet for this op; "
-            f"use one of {IMPLEMENTATIONS} (or None)")
-    if implementation not in IMPLEMENTATIONS:
-        raise ValueError(
-            f"{op_name}: implementation: expected None or one of {IMPLEMENTATIONS}, "
-            f"got {implementation!r}")
-    return implementation
 
 
 def check_qkv(q, k, v):
@@ -252,10 +246,14 @@ def _forward_chunk(chunk, scale):
 
 
 def _backward_chunk(chunk, lse, dout, delta, scale):
-    """Gradient tiles of one query chunk -> (dq, per-key-block dk, dv, d col_bias), f32."""
+    """Gradient tiles of one query chunk -> (dq, per-key-block dk, dv, d col_bias, d row_bias).
+
+    All float32; dq and d row_bias [B, H, rows(, D)], the others [n, B, H, bk(, D)].
+    """
     lse_safe = _finite_or(lse, jnp.inf)  # rows with no key: P = 0
 
-    def visit_key_block(dq, key_block):
+    def visit_key_block(carry, key_block):
+        dq, drow = carry
         k_block, v_block = key_block[:2]
         logits = chunk.logits(key_block, scale)
         probs = jnp.exp(logits - lse_safe[..., None])
@@ -268,11 +266,12 @@ def _backward_chunk(chunk, lse, dout, delta, scale):
                               preferred_element_type=jnp.float32)
         dv_block = jnp.einsum("bhqk,bhqd->bhkd", probs.astype(dout.dtype), dout,
                               preferred_element_type=jnp.float32)
-        return dq, (dk_block, dv_block, -jnp.sum(dlogits, axis=-2))
+        drow = drow + jnp.sum(dlogits, axis=-1)
+        return (dq, drow), (dk_block, dv_block, -jnp.sum(dlogits, axis=-2))
 
-    dq, (dk, dv, dcol) = lax.scan(visit_key_block, jnp.zeros(chunk.q.shape, jnp.float32),
-                                  chunk.key_blocks)
-    return scale * dq, scale * dk, dv, dcol
+    init = (jnp.zeros(chunk.q.shape, jnp.float32), jnp.zeros(chunk.q.shape[:3], jnp.float32))
+    (dq, drow), (dk, dv, dcol) = lax.scan(visit_key_block, init, chunk.key_blocks)
+    return scale * dq, scale * dk, dv, dcol, drow
 
 
 def _chunks(q, k, v, row_bias, col_bias, segment_ids, layout):
@@ -286,23 +285,25 @@ def _chunks(q, k, v, row_bias, col_bias, segment_ids, layout):
 
 
 def _blocked_forward(q, k, v, row_bias, col_bias, segment_ids, scale, layout):
-    """[B, H, Tp, D] inputs -> (out [B, H, Tp, Dv] in q's dtype, lse [B, H, Tp] f32)."""
+    """[B, H, Tp, D] inputs -> (out [B, H, Tp, Dv] float32, lse [B, H, Tp] f32)."""
     outs, lses = [], []
     for chunk in _chunks(q, k, v, row_bias, col_bias, segment_ids, layout):
         out, lse = _forward_chunk(chunk, scale)
-        outs.append(out.astype(q.dtype))
+        outs.append(out)
         lses.append(lse)
     return jnp.concatenate(outs, axis=2), jnp.concatenate(lses, axis=2)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7))
 def _flash(q, k, v, row_bias, col_bias, segment_ids, scale, layout):
-    return _blocked_forward(q, k, v, row_bias, col_bias, segment_ids, scale, layout)
+    out, lse = _blocked_forward(q, k, v, row_bias, col_bias, segment_ids, scale, layout)
+    return out.astype(q.dtype), lse
 
 
 def _flash_fwd(q, k, v, row_bias, col_bias, segment_ids, scale, layout):
     out, lse = _blocked_forward(q, k, v, row_bias, col_bias, segment_ids, scale, layout)
-    return (out, lse), (q, k, v, row_bias, col_bias, segment_ids, out, lse)
+    # the float32 out is the residual: Delta from it matches the recomputed P (see docstring)
+    return (out.astype(q.dtype), lse), (q, k, v, row_bias, col_bias, segment_ids, out, lse)
 
 
 def _flash_bwd(scale, layout, residuals, cotangents):
@@ -311,18 +312,19 @@ def _flash_bwd(scale, layout, residuals, cotangents):
     dout = dout.astype(q.dtype)
     dlse = jnp.where(jnp.isfinite(lse), dlse, 0.0)
     delta = jnp.einsum("bhtd,bhtd->bht", dout.astype(jnp.float32), out.astype(jnp.float32)) - dlse
-    dq_parts = []
+    dq_parts, drow_parts = [], []
     dk, dv, dcol = (jnp.zeros(x.shape, jnp.float32) for x in (k, v, col_bias))
     for chunk in _chunks(q, k, v, row_bias, col_bias, segment_ids, layout):
         rows = slice(chunk.start, chunk.start + chunk.q.shape[2])
-        dq_chunk, dk_part, dv_part, dcol_part = _backward_chunk(
+        dq_chunk, dk_part, dv_part, dcol_part, drow_chunk = _backward_chunk(
             chunk, lse[:, :, rows], dout[:, :, rows], delta[:, :, rows], scale)
         dq_parts.append(dq_chunk)
+        drow_parts.append(drow_chunk)
         seen = slice(0, dk_part.shape[0] * layout.block_k)
         dk = dk.at[:, :, seen].add(_join_key_blocks(dk_part))
         dv = dv.at[:, :, seen].add(_join_key_blocks(dv_part))
         dcol = dcol.at[:, :, seen].add(_join_key_blocks(dcol_part))
-    drow = dlse  # sum_s dS_ts = dlse_t wherever the row has a key (softmax weights sum to 1)
+    drow = jnp.concatenate(drow_parts, axis=2)  # not the identity dlse_t: see the docstring
     return (jnp.concatenate(dq_parts, axis=2).astype(q.dtype), dk.astype(k.dtype),
             dv.astype(v.dtype), drow.astype(row_bias.dtype), dcol.astype(col_bias.dtype), None)
 
@@ -367,8 +369,7 @@ def flash_attention(q, k, v, *, row_bias=None, col_bias=None, scale=None, segmen
         pad[2] = (0, padded - length)
         return jnp.pad(x, pad)
 
-    if segment_ids is not None:  # padded rows join the last document; causality hides them
-        segment_ids = jnp.pad(segment_ids, ((0, 0), (0, padded - length)), mode="edge")
+    segment_ids = pad_segment_ids(segment_ids, padded)  # padding: its own document
     out, lse = _flash(*(to_heads_major(x) for x in (q, k, v, *biases)), segment_ids,
                       scale, _Layout(block_k, chunk_rows, padded))
     return jnp.moveaxis(out[:, :, :length], 1, 2), jnp.moveaxis(lse[:, :, :length], 1, 2)

@@ -18,14 +18,45 @@ keys' weights). The bias is a difference of float32 prefix sums, so its absolute
 with |c_t| (about 1e-7 |c_t|); for a walk of -50 per step over 16K tokens that is ~0.1 nats on
 keys whose weight is exp(-50) or less anyway.
 
-implementation: None = "xla" (blocked), "reference" = dense [B, H, T, T] bias, "pallas" is
-not available yet (NotImplementedError).
+Implementations (`REGISTRY`, op name "fox_attention"; default order ("pallas", "xla")):
+"reference" = dense [B, H, T, T] bias (never chosen by default), "xla" = blocked flash path,
+"pallas" = registered by the Pallas kernel module when it is imported. An entry is
+`fn(q, k, v, log_forget, segment_ids, *, scale, block_size) -> out` (q's dtype) on validated
+arrays; `supports` reads `fpa_jax.dispatch.attention_facts` plus block_size (notes/API.md).
 """
 
 import jax.numpy as jnp
 
 from fpa_jax.baselines import flash_xla
+from fpa_jax.dispatch import attention_facts
 from fpa_jax.fpa import checks
+from kernels_pallas.registry import Registry
+
+
+def _cumulative(log_forget):
+    """c [B, T, H] float32 = cumsum of log_forget over T."""
+    return jnp.cumsum(log_forget.astype(jnp.float32), axis=1)
+
+
+def _reference(q, k, v, log_forget, segment_ids, *, scale, block_size):
+    del block_size  # dense
+    c_bht = jnp.moveaxis(_cumulative(log_forget), 1, 2)
+    bias = c_bht[..., :, None] - c_bht[..., None, :]  # [B, H, T(t), T(s)]
+    out, _ = flash_xla.dense_attention(q, k, v, bias, scale=scale, segment_ids=segment_ids)
+    return out
+
+
+def _xla(q, k, v, log_forget, segment_ids, *, scale, block_size):
+    cumulative = _cumulative(log_forget)
+    out, _ = flash_xla.flash_attention(q, k, v, row_bias=cumulative, col_bias=cumulative,
+                                       scale=scale, segment_ids=segment_ids,
+                                       block_size=block_size)
+    return out
+
+
+REGISTRY = Registry("fox_attention", default_order=("pallas", "xla"))
+REGISTRY.register("reference", _reference)
+REGISTRY.register("xla", _xla)
 
 
 def fox_attention(q, k, v, log_forget, *, scale=None, segment_ids=None, implementation=None,
@@ -35,15 +66,7 @@ def fox_attention(q, k, v, log_forget, *, scale=None, segment_ids=None, implemen
     flash_xla.check_per_token("log_forget", log_forget, batch, length, heads)
     checks.check_segment_ids(segment_ids, batch, length)
     scale = flash_xla.resolve_scale(scale, head_dim)
-    chosen = flash_xla.resolve_implementation(implementation, "fox_attention")
-
-    cumulative = jnp.cumsum(log_forget.astype(jnp.float32), axis=1)  # c [B, T, H]
-    if chosen == "reference":
-        c_bht = jnp.moveaxis(cumulative, 1, 2)
-        bias = c_bht[..., :, None] - c_bht[..., None, :]  # [B, H, T(t), T(s)]
-        out, _ = flash_xla.dense_attention(q, k, v, bias, scale=scale, segment_ids=segment_ids)
-        return out
-    out, _ = flash_xla.flash_attention(q, k, v, row_bias=cumulative, col_bias=cumulative,
-                                       scale=scale, segment_ids=segment_ids,
-                                       block_size=block_size)
-    return out
+    flash_xla.check_block_size("block_size", block_size)
+    _, fn = REGISTRY.select(implementation,
+                            **attention_facts(q, v, segment_ids, block_size=block_size))
+    return fn(q, k, v, log_forget, segment_ids, scale=scale, block_size=block_size)

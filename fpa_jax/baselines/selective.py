@@ -15,16 +15,22 @@ strongly token u "selects" (masks away) an earlier token s for every later query
     q, k [B, T, H, D]; v [B, T, H, Dv]; selection_logits [B, T(u), T(s)] float (entries with
     s >= u are ignored); segment_ids [B, T] int -> out [B, T, H, Dv] in q's dtype.
 
-Dense reference only: F is a [B, T, T] float32 tensor (small T: probes and tests). Gradients
-reach selection_logits through the relu by plain autodiff.
+Gradients reach selection_logits through the relu by plain autodiff.
+
+Dense-only by design (F is a [B, T, T] float32 tensor: small T, probes and tests): `REGISTRY`
+(op name "selective_attention") has the single entry "reference", which is also its default
+order, so implementation=None and "reference" are the only accepted values; the entry is
+`fn(q, k, v, selection_logits, segment_ids, *, scale) -> out` (notes/API.md, "Dispatch").
 """
 
 import jax
 import jax.numpy as jnp
 
 from fpa_jax.baselines import flash_xla
+from fpa_jax.dispatch import attention_facts
 from fpa_jax.fpa import checks
 from fpa_jax.fpa.fields import document_starts
+from kernels_pallas.registry import Registry
 
 
 def _document_starts(segment_ids, batch, length):
@@ -47,13 +53,24 @@ def selection_penalty(selection_logits, segment_ids=None):
     return jnp.pad(through_u[:, :-1], ((0, 0), (1, 0), (0, 0)))  # shift: u < t
 
 
-def selective_attention(q, k, v, selection_logits, *, scale=None, segment_ids=None):
-    """Selective Attention (dense reference) -> out [B, T, H, Dv] (q's dtype)."""
-    batch, length, _, _ = flash_xla.check_qkv(q, k, v)
-    checks.require_shape("selection_logits", selection_logits, (batch, length, length))
-    checks.require_float("selection_logits", selection_logits)
-    checks.check_segment_ids(segment_ids, batch, length)
+def _reference(q, k, v, selection_logits, segment_ids, *, scale):
     penalty = selection_penalty(selection_logits, segment_ids)
     out, _ = flash_xla.dense_attention(q, k, v, -penalty[:, None], scale=scale,
                                        segment_ids=segment_ids)
     return out
+
+
+REGISTRY = Registry("selective_attention", default_order=("reference",))
+REGISTRY.register("reference", _reference)
+
+
+def selective_attention(q, k, v, selection_logits, *, scale=None, segment_ids=None,
+                        implementation=None):
+    """Selective Attention (dense reference) -> out [B, T, H, Dv] (q's dtype)."""
+    batch, length, _, head_dim = flash_xla.check_qkv(q, k, v)
+    checks.require_shape("selection_logits", selection_logits, (batch, length, length))
+    checks.require_float("selection_logits", selection_logits)
+    checks.check_segment_ids(segment_ids, batch, length)
+    scale = flash_xla.resolve_scale(scale, head_dim)
+    _, fn = REGISTRY.select(implementation, **attention_facts(q, v, segment_ids))
+    return fn(q, k, v, selection_logits, segment_ids, scale=scale)

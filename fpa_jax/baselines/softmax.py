@@ -10,18 +10,29 @@ ALiBi is separable, -slope (t - s) = (-slope t) - (-slope s), so the blocked pat
 row_bias_t = -slope t and col_bias_s = -slope s (absolute positions; only t - s matters, also
 inside a packed document).
 
-implementation: "reference" = dense masked softmax; "xla" = blocked flash path
-(flash_xla.py); None = "xla", except that on a GPU backend, for bf16/fp16 inputs without ALiBi
-or segment_ids and with equal q/v head dims of at most 128 (a multiple of 8), it calls
-jax.nn.dot_product_attention(implementation="cudnn") (causal), which is several times faster.
-"pallas" is not available yet (NotImplementedError).
+Implementations (`REGISTRY`, op name "softmax_attention"; default order
+("pallas", "cudnn", "xla")):
+  "reference"  dense masked softmax (never chosen by default)
+  "xla"        blocked flash path (flash_xla.py); runs everywhere
+  "cudnn"      jax.nn.dot_product_attention(implementation="cudnn", is_causal=True), several
+               times faster; supports a GPU, bf16/fp16, no segment_ids, no ALiBi, equal q/v
+               head dims of at most 128 that are a multiple of 8 (`cudnn_supports`)
+  "pallas"     registered by the Pallas kernel module when it is imported
+An entry is `fn(q, k, v, segment_ids, alibi_slopes, *, scale, block_size) -> out` (q's dtype)
+on validated arrays; `supports` reads `fpa_jax.dispatch.attention_facts` plus has_alibi and
+block_size (notes/API.md).
 """
 
 import jax
 import jax.numpy as jnp
 
 from fpa_jax.baselines import flash_xla
+from fpa_jax.dispatch import attention_facts
 from fpa_jax.fpa import checks
+from kernels_pallas.registry import Registry
+
+CUDNN_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+CUDNN_MAX_HEAD_DIM = 128
 
 
 def _alibi_biases(slopes, batch, length):
@@ -31,11 +42,54 @@ def _alibi_biases(slopes, batch, length):
     return both, both
 
 
-def _uses_cudnn(q, v, segment_ids, alibi_slopes):
-    head_dim = q.shape[-1]
-    return (jax.default_backend() == "gpu" and q.dtype in (jnp.bfloat16, jnp.float16)
-            and segment_ids is None and alibi_slopes is None and v.shape[-1] == head_dim
-            and head_dim <= 128 and head_dim % 8 == 0)
+def _reference(q, k, v, segment_ids, alibi_slopes, *, scale, block_size):
+    del block_size  # dense
+    bias = None
+    if alibi_slopes is not None:
+        positions = jnp.arange(q.shape[1], dtype=jnp.float32)
+        distance = positions[:, None] - positions[None, :]  # t - s
+        bias = -alibi_slopes.astype(jnp.float32)[None, :, None, None] * distance
+    out, _ = flash_xla.dense_attention(q, k, v, bias, scale=scale, segment_ids=segment_ids)
+    return out
+
+
+def _xla(q, k, v, segment_ids, alibi_slopes, *, scale, block_size):
+    row_bias = col_bias = None
+    if alibi_slopes is not None:
+        row_bias, col_bias = _alibi_biases(alibi_slopes, q.shape[0], q.shape[1])
+    out, _ = flash_xla.flash_attention(q, k, v, row_bias=row_bias, col_bias=col_bias, scale=scale,
+                                       segment_ids=segment_ids, block_size=block_size)
+    return out
+
+
+def _cudnn(q, k, v, segment_ids, alibi_slopes, *, scale, block_size):
+    del segment_ids, alibi_slopes, block_size  # None by `cudnn_supports`; no block to choose
+    return jax.nn.dot_product_attention(q, k, v, scale=scale, is_causal=True,
+                                        implementation="cudnn")
+
+
+def cudnn_supports(*, platform, dtype, head_dim, value_head_dim, has_segment_ids, has_alibi,
+                   **_facts):
+    """None if cuDNN's fused attention runs on these inputs, else why not."""
+    if platform != "gpu":
+        return f"needs a GPU, got platform {platform}"
+    if dtype not in CUDNN_DTYPES:
+        return f"needs bfloat16 or float16 inputs, got {dtype}"
+    if has_segment_ids:
+        return "does not take segment_ids"
+    if has_alibi:
+        return "does not take ALiBi slopes"
+    if value_head_dim != head_dim:
+        return f"needs equal q and v head dims, got {head_dim} and {value_head_dim}"
+    if head_dim > CUDNN_MAX_HEAD_DIM or head_dim % 8:
+        return f"needs a head dim <= {CUDNN_MAX_HEAD_DIM} and a multiple of 8, got {head_dim}"
+    return None
+
+
+REGISTRY = Registry("softmax_attention", default_order=("pallas", "cudnn", "xla"))
+REGISTRY.register("reference", _reference)
+REGISTRY.register("xla", _xla)
+REGISTRY.register("cudnn", _cudnn, supports=cudnn_supports)
 
 
 def softmax_attention(q, k, v, *, scale=None, segment_ids=None, alibi_slopes=None,
@@ -50,22 +104,8 @@ def softmax_attention(q, k, v, *, scale=None, segment_ids=None, alibi_slopes=Non
     if alibi_slopes is not None:
         checks.require_shape("alibi_slopes", alibi_slopes, (heads,))
         checks.require_float("alibi_slopes", alibi_slopes)
-    chosen = flash_xla.resolve_implementation(implementation, "softmax_attention")
-
-    if implementation is None and _uses_cudnn(q, v, segment_ids, alibi_slopes):
-        return jax.nn.dot_product_attention(q, k, v, scale=scale, is_causal=True,
-                                            implementation="cudnn")
-    if chosen == "reference":
-        bias = None
-        if alibi_slopes is not None:
-            positions = jnp.arange(length, dtype=jnp.float32)
-            distance = positions[:, None] - positions[None, :]  # t - s
-            bias = -alibi_slopes.astype(jnp.float32)[None, :, None, None] * distance
-        out, _ = flash_xla.dense_attention(q, k, v, bias, scale=scale, segment_ids=segment_ids)
-        return out
-    row_bias = col_bias = None
-    if alibi_slopes is not None:
-        row_bias, col_bias = _alibi_biases(alibi_slopes, batch, length)
-    out, _ = flash_xla.flash_attention(q, k, v, row_bias=row_bias, col_bias=col_bias, scale=scale,
-                                       segment_ids=segment_ids, block_size=block_size)
-    return out
+    flash_xla.check_block_size("block_size", block_size)
+    facts = attention_facts(q, v, segment_ids, has_alibi=alibi_slopes is not None,
+                            block_size=block_size)
+    _, fn = REGISTRY.select(implementation, **facts)
+    return fn(q, k, v, segment_ids, alibi_slopes, scale=scale, block_size=block_size)

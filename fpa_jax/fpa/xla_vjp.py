@@ -25,8 +25,9 @@ import jax
 import jax.numpy as jnp
 
 from fpa_jax.fpa import blocks
-from fpa_jax.fpa.xla import (cut_blocks, diagonal_tile, off_diagonal_tile, shift_blocks,
-                             stat_dtype, to_heads, pad_time)
+from fpa_jax.fpa.padding import pad_time
+from fpa_jax.fpa.tiles import (cut_blocks, diagonal_tile, off_diagonal_tile, shift_blocks,
+                               stat_dtype, to_heads)
 
 
 def _decay(excess, tau):

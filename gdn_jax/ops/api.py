@@ -1,4 +1,4 @@
-"""Public gated delta rule ops: argument checks, defaults and the implementation switch.
+"""Public gated delta rule ops: argument checks, defaults, then dispatch through `REGISTRY`.
 
     S_t = exp(g_t) (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T     S [K, V] per value head
     o_t = S_t^T (scale * q_t)                                            scale default K**-0.5
@@ -12,8 +12,16 @@
 q and k are used as given (the layer L2-normalises them). Gates, states and all internal
 arithmetic are float32 for bf16/f16/f32 inputs (float64 only if an input is float64).
 
-implementation: None or "xla" -> chunked WY form (`gdn_jax.ops.chunk`), O(T * chunk) memory;
-"reference" -> the token-by-token scan (`gdn_jax.ops.naive`); "pallas" -> not available yet.
+Implementations (`REGISTRY`, op name "gated_delta_rule"; default order ("pallas", "xla")):
+  "reference"  the token-by-token scan (`gdn_jax.ops.naive`); never chosen by default
+  "xla"        chunked WY form (`gdn_jax.ops.chunk`), O(T * chunk) memory; runs everywhere
+  "pallas"     registered by the Pallas kernel module when it is imported
+An entry is `fn(q, k, v, g, beta, *, scale, initial_state, segment_ids, chunk_size)
+-> (out [B, T, HV, V] (any float dtype; cast to v's here), final_state [B, HV, K, V] float32)`
+on validated arrays (scale a number, initial_state None or an array, chunk_size a positive
+int). Its `supports(**facts)` reads `platform_facts()` plus dtype, batch, seq_len, num_heads,
+num_v_heads, head_dim (K), value_head_dim (V), has_segment_ids, has_initial_state and
+chunk_size (notes/API.md, "Dispatch").
 """
 
 import math
@@ -23,8 +31,7 @@ import numpy as np
 
 from gdn_jax.ops.chunk import chunked_forward
 from gdn_jax.ops.naive import recurrent_forward
-
-IMPLEMENTATIONS = ("reference", "xla", "pallas")
+from kernels_pallas.registry import Registry, platform_facts
 
 
 def _check_rank_and_float(name, x, rank, layout):
@@ -87,6 +94,30 @@ def _finish(out, final_state, v, output_final_state):
     return out.astype(v.dtype), (final_state if output_final_state else None)
 
 
+def _reference(q, k, v, g, beta, *, scale, initial_state, segment_ids, chunk_size):
+    del chunk_size  # token by token
+    return recurrent_forward(q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                             segment_ids=segment_ids)
+
+
+def _xla(q, k, v, g, beta, *, scale, initial_state, segment_ids, chunk_size):
+    return chunked_forward(q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                           segment_ids=segment_ids, chunk_size=chunk_size)
+
+
+REGISTRY = Registry("gated_delta_rule", default_order=("pallas", "xla"))
+REGISTRY.register("reference", _reference)
+REGISTRY.register("xla", _xla)
+
+
+def _facts(q, v, initial_state, segment_ids, chunk_size):
+    batch, seq_len, num_heads, key_dim = q.shape
+    return {**platform_facts(), "dtype": jnp.dtype(q.dtype), "batch": batch, "seq_len": seq_len,
+            "num_heads": num_heads, "num_v_heads": v.shape[2], "head_dim": key_dim,
+            "value_head_dim": v.shape[3], "has_segment_ids": segment_ids is not None,
+            "has_initial_state": initial_state is not None, "chunk_size": chunk_size}
+
+
 def recurrent_gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None,
                                output_final_state=False, segment_ids=None):
     """Token-by-token oracle (a `lax.scan` over T; autodiff stores every state).
@@ -112,30 +143,21 @@ def gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None,
       initial_state: optional [B, HV, K, V] floating; zeros if None.
       output_final_state: also return the state after the last token.
       segment_ids: optional [B, T] integer document ids of packed sequences.
-      chunk_size: chunk length C of the "xla" path (positive int).
-      implementation: None (= "xla"), "xla", "reference" or "pallas" (not available yet).
+      chunk_size: chunk length C of the chunked paths (positive int).
+      implementation: None (the first of `REGISTRY.default_order` that supports the inputs)
+        or a name in `REGISTRY` ("xla", "reference", ...).
 
     Returns:
       (out [B, T, HV, V], final_state [B, HV, K, V] float32 or None).
     """
-    if implementation not in (None, *IMPLEMENTATIONS):
-        raise ValueError(f"implementation: expected one of None, {IMPLEMENTATIONS}, "
-                         f"got {implementation!r}")
-    if implementation == "pallas":
-        raise NotImplementedError(
-            "gated_delta_rule: implementation='pallas' is not available yet; "
-            "use implementation='xla' (or None)")
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer)):
         raise TypeError(f"chunk_size: expected a positive int, got {type(chunk_size).__name__}")
     if chunk_size <= 0:
         raise ValueError(f"chunk_size: expected a positive int, got {chunk_size}")
-    if implementation == "reference":
-        return recurrent_gated_delta_rule(
-            q, k, v, g, beta, scale=scale, initial_state=initial_state,
-            output_final_state=output_final_state, segment_ids=segment_ids)
-
     scale = _prepare(q, k, v, g, beta, scale, initial_state, segment_ids, output_final_state)
-    out, final_state = chunked_forward(q, k, v, g, beta, scale=scale,
-                                       initial_state=initial_state, segment_ids=segment_ids,
-                                       chunk_size=int(chunk_size))
+    chunk_size = int(chunk_size)
+    _, fn = REGISTRY.select(implementation,
+                            **_facts(q, v, initial_state, segment_ids, chunk_size))
+    out, final_state = fn(q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                          segment_ids=segment_ids, chunk_size=chunk_size)
     return _finish(out, final_state, v, output_final_state)

@@ -38,7 +38,7 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
-from gdn_jax.ops.naive import compute_dtype, document_starts
+from gdn_jax.ops.naive import compute_dtype, state_resets
 
 _CHUNK_STATE = "gdn_chunk_entering_state"
 _FULL_FLOAT32 = jax.lax.Precision.HIGHEST
@@ -62,12 +62,12 @@ def _document_masks(segment_ids, batch, num_chunks, chunk):
     if segment_ids is None:
         return None, None
     seq_len = segment_ids.shape[1]
-    starts = document_starts(segment_ids, (batch, seq_len))
-    starts = _pad_time(starts, num_chunks * chunk - seq_len)  # padding continues the document
-    document = jnp.cumsum(starts.astype(jnp.int32), axis=1)
+    resets = state_resets(segment_ids, (batch, seq_len))
+    resets = _pad_time(resets, num_chunks * chunk - seq_len)  # padding continues the document
+    document = jnp.cumsum(resets.astype(jnp.int32), axis=1)
     document = jnp.moveaxis(_to_chunks(document, num_chunks, chunk), 1, 0)   # [N, B, C]
-    starts = jnp.moveaxis(_to_chunks(starts, num_chunks, chunk), 1, 0)
-    entering_document = document[..., 0] - starts[..., 0]                   # [N, B]
+    resets = jnp.moveaxis(_to_chunks(resets, num_chunks, chunk), 1, 0)
+    entering_document = document[..., 0] - resets[..., 0]                   # [N, B]
     same_document = document[..., :, None] == document[..., None, :]
     sees_entering_state = document == entering_document[..., None]
     return same_document[:, :, None, None], sees_entering_state[:, :, None, None]

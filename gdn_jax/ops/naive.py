@@ -20,12 +20,17 @@ import jax
 import jax.numpy as jnp
 
 
-def document_starts(segment_ids, shape):
-    """Boolean [B, T]: True where token t starts a new document (never at t = 0)."""
+def state_resets(segment_ids, shape):
+    """Boolean [B, T]: True where the state restarts from zero.
+
+    That is every document start except t = 0 (the first document continues `initial_state`):
+    token t > 0 whose id differs from token t-1's. (`fpa_jax`'s `document_starts` also marks
+    t = 0.)
+    """
     if segment_ids is None:
         return jnp.zeros(shape, dtype=bool)
-    starts = segment_ids[:, 1:] != segment_ids[:, :-1]
-    return jnp.concatenate([jnp.zeros((shape[0], 1), dtype=bool), starts], axis=1)
+    changed = segment_ids[:, 1:] != segment_ids[:, :-1]
+    return jnp.concatenate([jnp.zeros((shape[0], 1), dtype=bool), changed], axis=1)
 
 
 def compute_dtype(*arrays):
@@ -51,7 +56,7 @@ def recurrent_forward(q, k, v, g, beta, *, scale, initial_state, segment_ids):
     v = v.astype(dtype).reshape(batch, seq_len, num_heads, group, value_dim)
     alpha = jnp.exp(g.astype(dtype)).reshape(batch, seq_len, num_heads, group)
     beta = beta.astype(dtype).reshape(batch, seq_len, num_heads, group)
-    starts = document_starts(segment_ids, (batch, seq_len))
+    resets = state_resets(segment_ids, (batch, seq_len))
 
     if initial_state is None:
         state = jnp.zeros((batch, num_heads, group, key_dim, value_dim), dtype)
@@ -60,8 +65,8 @@ def recurrent_forward(q, k, v, g, beta, *, scale, initial_state, segment_ids):
             batch, num_heads, group, key_dim, value_dim)
 
     def step(state, inputs):
-        q_t, k_t, v_t, alpha_t, beta_t, start_t = inputs
-        state = jnp.where(start_t[:, None, None, None, None], 0.0, state)
+        q_t, k_t, v_t, alpha_t, beta_t, reset_t = inputs
+        state = jnp.where(reset_t[:, None, None, None, None], 0.0, state)
         state = alpha_t[..., None, None] * state
         predicted = jnp.einsum("bhk,bhgkv->bhgv", k_t, state)
         update = beta_t[..., None] * (v_t - predicted)
@@ -69,7 +74,7 @@ def recurrent_forward(q, k, v, g, beta, *, scale, initial_state, segment_ids):
         out_t = jnp.einsum("bhk,bhgkv->bhgv", q_t, state)
         return state, out_t
 
-    time_major = [jnp.moveaxis(x, 1, 0) for x in (q, k, v, alpha, beta, starts)]
+    time_major = [jnp.moveaxis(x, 1, 0) for x in (q, k, v, alpha, beta, resets)]
     state, out = jax.lax.scan(step, state, time_major)
     out = jnp.moveaxis(out, 0, 1).reshape(batch, seq_len, num_v_heads, value_dim)
     final_state = state.reshape(batch, num_v_heads, key_dim, value_dim)

@@ -408,12 +408,16 @@ def _bad_calls():
         ("x", ValueError, lambda: apply_rope(q[..., :3], jnp.zeros((2, 5)))),
         ("positions", ValueError, lambda: apply_rope(q, jnp.zeros((5,)))),
         ("num_heads", ValueError, lambda: alibi_slopes(0)),
-        ("fox_attention: implementation 'pallas' is not available yet", NotImplementedError,
-         lambda: fox_attention(q, q, q, lf, implementation="pallas")),
-        ("softmax_attention: implementation 'pallas' is not available yet", NotImplementedError,
-         lambda: softmax_attention(q, q, q, implementation="pallas")),
-        ("softmax_attention: implementation:", ValueError,
+        ("implementation: softmax_attention has no implementation 'fast'", ValueError,
          lambda: softmax_attention(q, q, q, implementation="fast")),
+        ("implementation: fox_attention has no implementation 'cudnn'", ValueError,
+         lambda: fox_attention(q, q, q, lf, implementation="cudnn")),
+        ("implementation: selective_attention has no implementation 'xla'", ValueError,
+         lambda: selective_attention(q, q, q, pair, implementation="xla")),
+        ("implementation: dcp_attention has no implementation 'xla'", ValueError,
+         lambda: dcp_attention(q, q, q, pair, implementation="xla")),
+        ("implementation: dipsum_attention has no implementation 'xla'", ValueError,
+         lambda: dipsum_attention(q, q, q, lf, lf, beta, implementation="xla")),
     ]
 
 

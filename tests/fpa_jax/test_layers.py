@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from flax import linen as nn
 
+import fpa_jax
 from fpa_jax.layers import (
     DCPAttention,
     FoXAttention,
@@ -21,6 +22,7 @@ from fpa_jax.layers import (
     per_head_forget_values,
     positions_within_segments,
 )
+from kernels_pallas.registry import UnsupportedImplementationError
 
 BATCH, LENGTH, MODEL_DIM, HEADS, HEAD_DIM = 2, 11, 12, 3, 4
 
@@ -433,12 +435,27 @@ def test_position_choices_differ():
     (lambda: SelectiveAttention(2, 4, implementation="xla"), ValueError, "implementation"),
     (lambda: DCPAttention(2, 4, implementation="pallas"), ValueError, "implementation"),
     (lambda: FPAAttention(2, 4, dip_sum=True, implementation="xla"), ValueError, "implementation"),
-    (lambda: FPAAttention(2, 4, implementation="pallas"), NotImplementedError, "pallas"),
+    (lambda: FPAAttention(2, 4, implementation="cudnn"), ValueError, "implementation"),
+    (lambda: FPAAttention(2, 4, use_bias=False, implementation="cudnn"), UnsupportedImplementationError,
+     "cannot run 'cudnn' here: needs a GPU"),
+    (lambda: SoftmaxAttention(2, 4, implementation="cudnn"), UnsupportedImplementationError,
+     "cannot run 'cudnn' here: needs a GPU"),
     (lambda: FoXAttention(2, 4, implementation="fast"), ValueError, "implementation"),
 ])
 def test_bad_constructor_arguments_raise(make, error, message):
     with pytest.raises(error, match=message):
         jax.eval_shape(make().init, jax.random.PRNGKey(0), _inputs(seed=0, length=3))
+
+
+def test_each_layer_names_the_op_its_implementation_is_checked_against():
+    expected = {"fpa_dip_sum": "dipsum_attention", "fpa_no_bias": "softmax_attention",
+                "fox": "fox_attention", "dcp": "dcp_attention"}
+    for name, make in LAYERS.items():
+        op_name = make().op_name
+        assert op_name in fpa_jax.REGISTRIES
+        want = expected.get(name, "fpa_attention" if name.startswith("fpa") else
+                            name.split("_")[0] + "_attention")
+        assert op_name == want, name
 
 
 def test_bad_inputs_raise():

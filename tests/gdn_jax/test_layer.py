@@ -199,6 +199,15 @@ def test_segment_ids_isolate_documents():
         assert np.max(np.abs(y_plain[row, b:] - y_rolled[row, :LENGTH - b])) > 1e-3
 
 
+def test_mixer_signature_positions_are_ignored():
+    """__call__(x, *, segment_ids=None, positions=None), like every attention mixer."""
+    x = _inputs(25)
+    variables = _random_variables(MODULE, x, seed=26)
+    positions = jnp.asarray(np.random.default_rng(27).integers(0, 100, (2, LENGTH)), jnp.int32)
+    np.testing.assert_array_equal(APPLY(variables, x, positions=positions), APPLY(variables, x))
+    assert MODULE.op_name == "gated_delta_rule"
+
+
 def test_bfloat16_compute_dtype():
     module16 = GatedDeltaNet(num_heads=2, head_dim=4, num_v_heads=4, v_head_dim=3, chunk_size=8,
                              norm_eps=1e-5, dtype=jnp.bfloat16)
@@ -222,6 +231,14 @@ def test_errors():
         MODULE.apply(variables, x, segment_ids=jnp.zeros((2, LENGTH), jnp.float32))
     with pytest.raises(ValueError, match="num_v_heads"):
         jax.eval_shape(GatedDeltaNet(num_heads=2, head_dim=4, num_v_heads=3).init, jax.random.PRNGKey(0), x)
+    with pytest.raises(ValueError, match="^GatedDeltaNet: implementation: gated_delta_rule has no "
+                                         "implementation 'cudnn'"):
+        jax.eval_shape(GatedDeltaNet(num_heads=2, head_dim=4, implementation="cudnn").init,
+                       jax.random.PRNGKey(0), x)
+    with pytest.raises(ValueError, match="positions"):
+        MODULE.apply(variables, x, positions=jnp.zeros((2, 3), jnp.int32))
+    with pytest.raises(TypeError, match="positions"):
+        MODULE.apply(variables, x, positions=jnp.zeros((2, LENGTH), jnp.float32))
     with pytest.raises(ValueError, match="batch_size"):
         MODULE.init_cache(0)
     cache = MODULE.init_cache(2)

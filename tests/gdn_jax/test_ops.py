@@ -14,8 +14,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import gdn_jax
 from gdn_jax.ops import gated_delta_rule, recurrent_gated_delta_rule
 from gdn_jax.ops import api
+from kernels_pallas.registry import Registry, UnsupportedImplementationError
 from gdn_jax.ops.chunk import unit_lower_inverse
 from tests.seeds import case_seed
 
@@ -159,12 +161,56 @@ def test_implementation_switch_selects_the_path(monkeypatch, implementation, exp
     assert calls == [expected_path]
 
 
-def test_unknown_and_unavailable_implementations_raise():
+def test_unknown_implementation_raises_naming_it():
     inputs = make_inputs(23, 1, 5, 1, 1, 4, 4)[:5]
-    with pytest.raises(NotImplementedError, match="not available yet"):
-        gated_delta_rule(*inputs, implementation="pallas")
-    with pytest.raises(ValueError, match="implementation"):
+    with pytest.raises(ValueError, match="^implementation: gated_delta_rule has no "
+                                         "implementation 'triton'; expected None or one of"):
         gated_delta_rule(*inputs, implementation="triton")
+
+
+def test_registry_default_order_and_cpu_default():
+    assert gdn_jax.REGISTRIES == {"gated_delta_rule": api.REGISTRY}
+    assert api.REGISTRY.default_order == ("pallas", "xla")
+    assert {"reference", "xla"} <= set(api.REGISTRY.names())
+    assert api.REGISTRY.select(None, platform="cpu", compute_capability=None)[0] == "xla"
+
+
+def test_default_falls_through_to_the_next_entry_that_supports_the_inputs(monkeypatch):
+    """A fake "pallas" entry that takes only K = 8, in a copy of the registry."""
+    _, xla = api.REGISTRY.select("xla")
+    calls, seen_facts = [], []
+
+    def fake_pallas(q, k, v, g, beta, **kwargs):
+        calls.append(("pallas", sorted(kwargs)))
+        return jnp.zeros(v.shape, jnp.float32), jnp.zeros(
+            (v.shape[0], v.shape[2], q.shape[3], v.shape[3]), jnp.float32)
+
+    def fake_supports(**facts):
+        seen_facts.append(facts)
+        return None if facts["head_dim"] == 8 else f"needs K = 8, got {facts['head_dim']}"
+
+    def recording_xla(*arrays, **kwargs):
+        calls.append(("xla", sorted(kwargs)))
+        return xla(*arrays, **kwargs)
+
+    twin = Registry("gated_delta_rule", default_order=api.REGISTRY.default_order)
+    twin.register("pallas", fake_pallas, fake_supports)
+    twin.register("xla", recording_xla)
+    monkeypatch.setattr(api, "REGISTRY", twin)
+    config = ["chunk_size", "initial_state", "scale", "segment_ids"]
+
+    inputs = make_inputs(24, 1, 5, 1, 2, 8, 4)
+    out, state = jax.eval_shape(lambda *a: gated_delta_rule(*a[:5], initial_state=a[5],
+                                                            output_final_state=True), *inputs)
+    assert calls == [("pallas", config)] and out.shape == (1, 5, 2, 4) and state.shape == (1, 2, 8, 4)
+    assert set(seen_facts[0]) == {"platform", "compute_capability", "dtype", "batch", "seq_len",
+                                  "num_heads", "num_v_heads", "head_dim", "value_head_dim",
+                                  "has_segment_ids", "has_initial_state", "chunk_size"}
+    assert seen_facts[0]["has_initial_state"] and seen_facts[0]["num_v_heads"] == 2
+    jax.eval_shape(lambda *a: gated_delta_rule(*a), *make_inputs(25, 1, 5, 1, 1, 4, 4)[:5])
+    assert [name for name, _ in calls] == ["pallas", "xla"]
+    with pytest.raises(UnsupportedImplementationError, match="cannot run 'pallas' here: needs K = 8, got 4"):
+        gated_delta_rule(*make_inputs(26, 1, 5, 1, 1, 4, 4)[:5], implementation="pallas")
 
 
 GRADIENT_CASES = [

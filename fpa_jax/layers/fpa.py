@@ -1,0 +1,153 @@
+"""FPAAttention: causal attention with the FPA field/level path-minimum bias (no RoPE).
+
+    q, k, v = projections of x                            [B, T, H, head_dim]   (common.py)
+    delta, g, h = x @ W + c per head                      [B, T, H]  (delta_proj, field_proj, level_proj)
+    phi, psi = fields(delta, g, h);  beta = softplus(rho) [H]
+    bias_ts = beta * min(0, min_{s<u<=t} phi_u - psi_s)   (fpa_attention)
+    y = attention(q, k, v, bias) @ W_out                  [B, T, D]
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import linen as nn
+
+from fpa_jax.baselines.dipsum import dipsum_attention
+from fpa_jax.baselines.softmax import softmax_attention
+from fpa_jax.fpa.api import fpa_attention
+from fpa_jax.fpa.fields import fields
+from fpa_jax.layers import common
+
+Dtype = Any
+
+
+class FPAAttention(nn.Module):
+    """Causal attention with the FPA field/level path-minimum bias (no positional encoding).
+
+        delta = x @ W_delta + c_delta,  g = x @ W_g + c_g,  h = x @ W_h + c_h     [B, T, H]
+        phi, psi = fields(delta, g, h)   (W = cumsum delta; phi = W + g; psi = W + h)
+        logit_ts = q_t.k_s / sqrt(head_dim) + softplus(rho) * min(0, min_{s<u<=t} phi_u - psi_s)
+
+    Parameters: query, key, value, out (kernels); delta_proj, field_proj (g), level_proj (h)
+    (kernel [D, H] + bias [H] each); rho [H].
+
+    Switches:
+      stack_form    g = h = 0 (no field_proj / level_proj).
+      key_level     False: h = 0, so psi = W (no level_proj).
+      query_level   compare with the query's level psi_t instead of the key's psi_s.
+      content       False: no q.k term (no query / key params); logits are the bias alone.
+      dip_sum       sum of dips, beta * sum_{s<u<=t} min(0, phi_u - psi_s), instead of the
+                    range minimum (dense-only op "dipsum_attention", so implementation None or
+                    "reference"; needs content=True, query_level=False). With the init below its bias
+                    starts as c_delta * (t - s) (t - s + 1) / 2: quadratic, not FoX's linear decay.
+      use_bias      False: plain causal softmax attention without positions (NoPE) and no
+                    bias parameters -- the "bias off in the first layer" setting.
+      tau           temperature of the straight-through soft minimum used for the gradient.
+
+    Initialisation (chosen so that FPA starts as FoX with a constant per-head forget gate):
+      * W_delta = 0 and c_delta = log f_h with f_h spread geometrically over
+        forget_init_range (default 0.95..0.99, i.e. decay time-scales of about 20..100 tokens).
+        FoX's delta is log sigmoid(.) <= 0 by construction; FPA's delta is a free linear map
+        that may turn positive during training, but at init delta = c_delta < 0, a mildly
+        negative decay like a FoX gate. A zero kernel still receives gradient
+        (dL/dW_delta = sum_t x_t dL/ddelta_t); it only keeps the initial walk data-independent
+        and strictly decreasing.
+      * W_g = W_h = 0 and c_g = c_h = 0, so phi = psi = W. With a non-increasing walk the range
+        minimum is min_{s<u<=t} W_u = W_t, hence bias_ts = W_t - W_s = sum_{s<u<=t} delta_u:
+        exactly FoX's bias (here the ALiBi-like bias c_delta * (t - s)). Keys are "dead"
+        (R_ts < psi_s) wherever the walk fell, so the straight-through gradient reaches g and h
+        from the first step.
+      * query_level=True: the init above would make every gap R_ts - psi_t = W_t - W_t = 0, a
+        tie with zero bias and zero straight-through gradient for ever. So with query levels
+        c_delta = -log f_h > 0 instead: the walk rises, R_ts = W_{s+1}, and
+        bias_ts = beta * (W_{s+1} - W_t) = log f_h * (t - s - 1), FoX's decay one step later.
+      * rho = log(e - 1), so beta = softplus(rho) = 1, FoX's scale.
+      * q/k/v/out kernels: LeCun normal (variance 1/fan_in).
+    """
+
+    num_heads: int
+    head_dim: int
+    stack_form: bool = False
+    key_level: bool = True
+    query_level: bool = False
+    content: bool = True
+    dip_sum: bool = False
+    use_bias: bool = True
+    tau: float = 1.0
+    forget_init_range: tuple = common.DEFAULT_FORGET_INIT_RANGE
+    dtype: Dtype = jnp.float32
+    param_dtype: Dtype = jnp.float32
+    implementation: str | None = None
+
+    @property
+    def op_name(self) -> str:
+        """The op this layer calls; `implementation` is checked against its registry."""
+        if not self.use_bias:
+            return "softmax_attention"
+        return "dipsum_attention" if self.dip_sum else "fpa_attention"
+
+    def _check_config(self) -> None:
+        layer = type(self).__name__
+        common.check_common(self)
+        common.check_positive_float(layer, "tau", self.tau)
+        common.check_forget_init_range(layer, self.forget_init_range)
+        if not self.use_bias and not self.content:
+            raise ValueError(f"{layer}: use_bias=False with content=False leaves no attention logits")
+        if self.use_bias and self.dip_sum and (self.query_level or not self.content):
+            raise ValueError(
+                f"{layer}: dip_sum=True supports only key levels with content "
+                f"(query_level=False, content=True), got query_level={self.query_level}, "
+                f"content={self.content}"
+            )
+
+    @nn.compact
+    def __call__(self, x, *, segment_ids=None, positions=None):
+        """x [B,T,D] -> [B,T,D]. `positions` is accepted for a uniform interface and unused (no RoPE)."""
+        self._check_config()
+        common.check_inputs(type(self).__name__, x, segment_ids, positions)
+        scale = common.attention_scale(self.head_dim)
+
+        if not self.use_bias:
+            q, k, v = common.head_projections(self, x, ("query", "key", "value"))
+            out = softmax_attention(q, k, v, scale=scale, segment_ids=segment_ids,
+                                    implementation=self.implementation)
+            return common.output_projection(self, out, x.shape[-1])
+
+        if self.content:
+            q, k, v = common.head_projections(self, x, ("query", "key", "value"))
+        else:
+            (v,) = common.head_projections(self, x, ("value",))
+            q = k = jnp.zeros_like(v)  # ignored by the op when content=False
+
+        decay_rate = -np.log(common.per_head_forget_values(self.num_heads, self.forget_init_range))
+        delta_init = decay_rate if self.query_level else -decay_rate
+        delta = common.per_head_scalar_map(self, x, "delta_proj",
+                                           common.constant_vector_init(delta_init))
+        zeros = jnp.zeros_like(delta)
+        g = zeros if self.stack_form else common.per_head_scalar_map(self, x, "field_proj")
+        has_level = self.key_level and not self.stack_form
+        h = common.per_head_scalar_map(self, x, "level_proj") if has_level else zeros
+        phi, psi = fields(delta, g, h, segment_ids=segment_ids)
+
+        rho = self.param(
+            "rho",
+            common.logical(nn.initializers.constant(math.log(math.expm1(1.0))), common.PER_HEAD_AXES),
+            (self.num_heads,),
+            self.param_dtype,
+        )
+        beta = jax.nn.softplus(rho.astype(jnp.float32))
+
+        if self.dip_sum:
+            out = dipsum_attention(q, k, v, phi, psi, beta, scale=scale, segment_ids=segment_ids,
+                                   implementation=self.implementation)
+        else:
+            out = fpa_attention(
+                q, k, v, phi, psi, beta, scale=scale, tau=self.tau, segment_ids=segment_ids,
+                implementation=self.implementation, query_level=self.query_level, content=self.content,
+            )
+        return common.output_projection(self, out, x.shape[-1])

@@ -1,0 +1,16 @@
+"""Every attention op's dispatch registry, by op name (mechanism: kernels_pallas/registry.py).
+
+    REGISTRIES[op_name] -> Registry     op_name in fpa_attention, fox_attention,
+                                        softmax_attention, selective_attention, dcp_attention,
+                                        dipsum_attention
+
+Each op module owns its REGISTRY; this table is what the layers and the trainer's config check
+an `implementation` name against.
+"""
+
+from fpa_jax.baselines import dcp, dipsum, fox, selective, softmax
+from fpa_jax.fpa import api
+
+REGISTRIES = {registry.op_name: registry for registry in (
+    api.REGISTRY, fox.REGISTRY, softmax.REGISTRY, selective.REGISTRY, dcp.REGISTRY,
+    dipsum.REGISTRY)}
