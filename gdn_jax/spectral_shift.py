@@ -11,11 +11,16 @@ Leading axes beyond the last two (e.g. layers stacked by nn.scan) are independen
 Nothing else changes: not a_proj's bias, not A_log, not dt_bias. Apply it exactly once per
 extension stage, to the parameters only (never to an optimizer state).
 
-`optimizer_labels(params)` names the optimizer group of every parameter, for
-optax.multi_transform: "alpha" (a_proj kernels; learning rate scaled by s), "no_decay" (leaves
-named scale, bias, A_log, dt_bias or rho (FPA), and every leaf of a module whose name contains
-"norm") or "default" (everything else, embeddings and conv kernels included). A boxed leaf
-(nn.Partitioned) gets one label, which optax accepts as a prefix of the boxed tree.
+`optimizer_labels(params, freeze_gdn_decay=False)` names the optimizer group of every
+parameter, for optax.multi_transform (the one rule; train/optimizer.py uses it), first match:
+
+    "alpha"     path ends in a_proj/kernel          learning rate x s, weight decay
+    "frozen"    A_log, dt_bias (freeze_gdn_decay)   zero update
+    "no_decay"  leaves named scale, bias, rho (FPA), A_log, dt_bias, and every 0-/1-D leaf
+    "default"   everything else (embeddings and conv kernels included)
+
+A boxed leaf (nn.Partitioned) gets one label, which optax accepts as a prefix of the boxed tree.
+Paths are named by jax.tree_util.keystr (simple, "/"-separated).
 """
 
 import math
@@ -28,7 +33,9 @@ import jax
 import jax.numpy as jnp
 
 ALPHA_PROJECTION = ("a_proj", "kernel")
-NO_DECAY_NAMES = frozenset({"A_log", "dt_bias", "rho", "bias", "scale"})
+GDN_DECAY_NAMES = frozenset({"A_log", "dt_bias"})
+NO_DECAY_NAMES = GDN_DECAY_NAMES | {"rho", "bias", "scale"}
+OPTIMIZER_GROUPS = ("default", "no_decay", "alpha", "frozen")
 SPECTRAL_SHIFT_MODES = ("matrix", "row")
 
 
@@ -53,19 +60,7 @@ def spectralshift_scale(l_ref: float, l_tar: float, k: float = 0.5) -> float:
 
 
 def _path_names(path) -> tuple[str, ...]:
-    names = []
-    for entry in path:
-        if isinstance(entry, jax.tree_util.DictKey):
-            names.append(str(entry.key))
-        elif isinstance(entry, jax.tree_util.GetAttrKey):
-            names.append(entry.name)
-        elif isinstance(entry, jax.tree_util.SequenceKey):
-            names.append(str(entry.idx))
-        elif isinstance(entry, jax.tree_util.FlattenedIndexKey):
-            names.append(str(entry.key))
-        else:
-            names.append(str(entry))
-    return tuple(names)
+    return tuple(jax.tree_util.keystr(path, simple=True, separator="/").split("/"))
 
 
 def _is_box(node) -> bool:
@@ -121,17 +116,20 @@ def spectral_shift(params, *, s: float, mode: str = "matrix"):
     return shifted
 
 
-def _label(names: tuple[str, ...]) -> str:
+def _label(names: tuple[str, ...], ndim: int, freeze_gdn_decay: bool) -> str:
     if _is_alpha_projection(names):
         return "alpha"
-    leaf = names[-1] if names else ""
-    parent = names[-2] if len(names) >= 2 else ""
-    if leaf in NO_DECAY_NAMES or "norm" in parent.lower():
+    if freeze_gdn_decay and names[-1] in GDN_DECAY_NAMES:
+        return "frozen"
+    if names[-1] in NO_DECAY_NAMES or ndim < 2:
         return "no_decay"
     return "default"
 
 
-def optimizer_labels(params):
-    """Same-structure pytree of "alpha" | "no_decay" | "default" (a box becomes one label)."""
-    return jax.tree_util.tree_map_with_path(
-        lambda path, _: _label(_path_names(path)), params, is_leaf=_is_box)
+def optimizer_labels(params, freeze_gdn_decay: bool = False):
+    """Same-structure pytree of OPTIMIZER_GROUPS names (a box becomes one label; module doc)."""
+    def label(path, node):
+        value = node.unbox() if _is_box(node) else node
+        return _label(_path_names(path), jnp.ndim(value), freeze_gdn_decay)
+
+    return jax.tree_util.tree_map_with_path(label, params, is_leaf=_is_box)

@@ -3,10 +3,11 @@
     run_dir/config.json, run_dir/tokenizer/      written once per run (`save_run_files`)
     <directory>/<step>/state/      the train-state pytree (Orbax StandardSave); typed PRNG keys
                                    are stored as their uint32 key data and re-wrapped on restore
-    <directory>/<step>/iterator/   data-iterator state, one JSON file per process
-    <directory>/<step>/record/     JSON: step, wall_time, versions, config,
-                                   spectral_shift_applied, extra, leaves [{path, shape, dtype,
-                                   fingerprint}], prng_keys {path: impl}
+    <directory>/<step>/iterator/   data-iterator state, one JSON file per process (grain's
+                                   handler; tuples kept by `encode_iterator_state`)
+    <directory>/<step>/record/     JSON: step, wall_time, versions, config, extra (the
+                                   caller's record, e.g. continued pretraining's), leaves
+                                   [{path, shape, dtype, fingerprint}], prng_keys {path: impl}
     <directory>/quarantine/        unreadable steps moved aside after a fallback restore
 
     fingerprint(x) = sum_i bits(x_i) * w_i  (mod 2^32),  bits = the element's raw bits as
@@ -26,8 +27,10 @@ truncated or altered (fingerprint mismatch), or whose record/iterator state is u
 is logged and skipped; once an older step restores, the unreadable newer steps are moved to
 `quarantine/` so that training can save those step numbers again. A mismatch between the
 requested abstract state and the recorded tree (paths, shapes, dtypes) is a caller error:
-ValueError, nothing skipped. Arrays land on the shardings of the abstract state, so a run
-saved on one device count restores onto another.
+ValueError, nothing skipped, except for top-level entries named in `ignore_saved` (state
+that older code saved and newer code no longer keeps, e.g. the trainer's unused per-step
+"rng"): those are read and dropped. Arrays land on the shardings of the abstract state, so a
+run saved on one device count restores onto another.
 
 Preemption: `install_preemption_handler()` returns a flag that SIGTERM/SIGINT set; the loop
 checks it each step, saves with `force=True`, calls `wait_until_finished()` and exits.
@@ -46,14 +49,16 @@ import shutil
 import signal
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import grain
 import jax
 import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
+from jax.sharding import NamedSharding, PartitionSpec
 
 log = logging.getLogger(__name__)
 
@@ -178,29 +183,41 @@ def load_run_config(run_dir: str | os.PathLike) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- iterator item
 
 
-class _IteratorStateHandler(ocp.CheckpointHandler):
-    """One JSON file per process: process_<i>-of-<n>.json (states differ between processes)."""
+class _EncodedIteratorState:
+    """An encoded iterator state, shown to grain's handler the way a DataLoaderIterator shows
+    its own: get_state() -> bytes, set_state(bytes). grain writes and reads the file."""
 
-    def save(self, directory, args: "IteratorStateSave"):
-        name = f"process_{jax.process_index()}-of-{jax.process_count()}.json"
-        (Path(directory) / name).write_text(args.state_json)
+    def __init__(self, text: str = ""):
+        self.text = text
 
-    def restore(self, directory, args: "IteratorStateRestore" = None):
-        name = f"process_{jax.process_index()}-of-{jax.process_count()}.json"
-        path = Path(directory) / name
-        if not path.is_file():
-            present = sorted(p.name for p in Path(directory).glob("process_*.json"))
-            raise FileNotFoundError(f"{path} missing (present: {present})")
-        return decode_iterator_state(path.read_text())
+    def get_state(self) -> bytes:
+        return self.text.encode()
 
-    def metadata(self, directory):
-        return None
+    def set_state(self, encoded: bytes) -> None:
+        self.text = encoded.decode()
+
+    def start_prefetch(self) -> None:
+        """grain's restore calls this; there is nothing to prefetch."""
+
+
+class _IteratorStateHandler(grain.checkpoint.CheckpointHandler):
+    """grain's iterator handler (process_<i>-of-<n>.json per process); only the encoding
+    differs: `encode_iterator_state` keeps the tuples that plain JSON would turn into lists."""
+
+    def save(self, directory, item=None, args=None):
+        super().save(directory, args=grain.checkpoint.CheckpointSave(
+            _EncodedIteratorState(args.state_json)))
+
+    def restore(self, directory, item=None, args=None):
+        encoded = _EncodedIteratorState()
+        super().restore(directory, args=grain.checkpoint.CheckpointRestore(encoded))
+        return decode_iterator_state(encoded.text)
 
 
 @ocp.args.register_with_handler(_IteratorStateHandler, for_save=True)
 @dataclasses.dataclass
 class IteratorStateSave(ocp.args.CheckpointArgs):
-    state_json: str
+    state_json: str                 # encode_iterator_state(iterator.get_state()), taken at save
 
 
 @ocp.args.register_with_handler(_IteratorStateHandler, for_restore=True)
@@ -327,13 +344,37 @@ def _check_tree_matches(recorded: list[dict], requested: list[dict], step: int) 
         )
 
 
+def _with_ignored_entries(abstract_state: Any, recorded_leaves: list[dict],
+                          ignore_saved: Collection[str]) -> tuple[Any, list[str]]:
+    """abstract_state plus a replicated ShapeDtypeStruct for each `ignore_saved` key that the
+    step holds as a top-level array and abstract_state lacks; and those keys."""
+    if not ignore_saved:
+        return abstract_state, []
+    if not isinstance(abstract_state, Mapping):
+        raise TypeError(f"abstract_state: ignore_saved needs a dict state, got "
+                        f"{type(abstract_state).__name__}")
+    recorded = {r["path"]: r for r in recorded_leaves}
+    template = jax.tree.leaves(abstract_state)[0].sharding
+    replicated = (NamedSharding(template.mesh, PartitionSpec())
+                  if isinstance(template, NamedSharding) else template)
+    extended, ignored = dict(abstract_state), []
+    for name in ignore_saved:
+        saved = recorded.get(jax.tree_util.keystr((jax.tree_util.DictKey(name),)))
+        if name in abstract_state or saved is None:
+            continue
+        extended[name] = jax.ShapeDtypeStruct(tuple(saved["shape"]), jnp.dtype(saved["dtype"]),
+                                              sharding=replicated)
+        ignored.append(name)
+    return extended, ignored
+
+
 # ----------------------------------------------------------------------------- checkpointer
 
 
 @dataclasses.dataclass
 class RestoredCheckpoint:
     """step: the restored step; state: the train state on the requested shardings;
-    record: the JSON record saved with it (config, spectral_shift_applied, extra, ...)."""
+    record: the JSON record saved with it (config, extra, ...)."""
 
     step: int
     state: Any
@@ -414,7 +455,6 @@ class Checkpointer:
         state: Any,
         data_iterator: Any = None,
         config: Mapping[str, Any] | None = None,
-        spectral_shift_applied: Sequence[Any] = (),
         extra: Mapping[str, Any] | None = None,
         force: bool = False,
     ) -> bool:
@@ -422,10 +462,8 @@ class Checkpointer:
 
         data_iterator: object with get_state() (e.g. a grain DatasetIterator), captured now.
         config: the run config (JSON-serialisable), stored in the step record.
-        spectral_shift_applied: markers of SpectralShift transforms already applied in this
-            run (e.g. [{"l_ref": 8192, "l_tar": 32768, "s": 0.5, "step": 0}]), so a resumed run
-            does not apply one again.
-        extra: anything else JSON-serialisable to keep with the step.
+        extra: the caller's own JSON-serialisable record of the step (e.g. which one-time
+            transforms the run has applied), returned as `record["extra"]` on restore.
         A step that already exists is not rewritten (returns False).
         """
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
@@ -441,8 +479,6 @@ class Checkpointer:
             "wall_time": time.time(),
             "versions": library_versions(),
             "config": _json_safe(config or {}, "config"),
-            "spectral_shift_applied": _json_safe(list(spectral_shift_applied),
-                                                 "spectral_shift_applied"),
             "extra": _json_safe(extra or {}, "extra"),
             "process_count": jax.process_count(),
             "has_iterator_state": data_iterator is not None,
@@ -463,13 +499,16 @@ class Checkpointer:
     # -- restore
 
     def restore_latest(
-        self, abstract_state: Any, data_iterator: Any = None
+        self, abstract_state: Any, data_iterator: Any = None, *,
+        ignore_saved: Collection[str] = (),
     ) -> RestoredCheckpoint | None:
         """Restores the newest readable step (None if there are no steps; see module doc).
 
         abstract_state: pytree like the saved state whose leaves are jax.ShapeDtypeStruct with
             .sharding (or jax.Array): the restored arrays get these shardings.
         data_iterator: if given, its set_state() receives the saved iterator state.
+        ignore_saved: top-level keys of a dict state that a step may hold (one array each,
+            saved by older code) although abstract_state has none: read and dropped.
         Raises RuntimeError if steps exist but none is readable.
         """
         self._manager.reload()
@@ -479,7 +518,7 @@ class Checkpointer:
         failures = []
         for step in steps:
             try:
-                restored = self._restore_step(step, abstract_state, data_iterator)
+                restored = self._restore_step(step, abstract_state, data_iterator, ignore_saved)
             except UnreadableCheckpointError as error:
                 log.error("checkpoint step %d in %s is unreadable, skipping it: %s",
                           step, self.directory, error)
@@ -494,18 +533,18 @@ class Checkpointer:
         )
 
     def restore(
-        self, step: int, abstract_state: Any, data_iterator: Any = None
+        self, step: int, abstract_state: Any, data_iterator: Any = None, *,
+        ignore_saved: Collection[str] = (),
     ) -> RestoredCheckpoint:
         """Restores exactly `step`; raises UnreadableCheckpointError if it is damaged."""
         self._manager.reload()
         if step not in self._manager.all_steps():
             raise ValueError(f"step: {step} not among the checkpoints {self.all_steps()}")
-        return self._restore_step(step, abstract_state, data_iterator)
+        return self._restore_step(step, abstract_state, data_iterator, ignore_saved)
 
     def _restore_step(
-        self, step: int, abstract_state: Any, data_iterator: Any
+        self, step: int, abstract_state: Any, data_iterator: Any, ignore_saved: Collection[str]
     ) -> RestoredCheckpoint:
-        abstract, key_dtypes = _abstract_storable(abstract_state)
         problem = None
         try:
             record = self._manager.restore(
@@ -515,6 +554,9 @@ class Checkpointer:
             problem = f"record: {type(error).__name__}: {error}"
         if not _all_processes(problem is None):
             raise UnreadableCheckpointError(problem or "record unreadable on another process")
+        abstract_state, ignored = _with_ignored_entries(abstract_state, recorded_leaves,
+                                                        ignore_saved)
+        abstract, key_dtypes = _abstract_storable(abstract_state)
         _check_tree_matches(recorded_leaves, _leaf_records(abstract, False), step)
         if set(recorded_keys) != set(key_dtypes):
             raise ValueError(
@@ -554,6 +596,9 @@ class Checkpointer:
             ),
             storable,
         )
+        for name in ignored:
+            log.info("checkpoint step %d: dropped its %r (no longer part of the state)", step, name)
+            state.pop(name)
         if iterator_state is not None:
             data_iterator.set_state(iterator_state)
         log.info("restored checkpoint step %d from %s", step, self.directory)

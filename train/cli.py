@@ -74,7 +74,7 @@ def _start_jax() -> None:
 def command_fit(args) -> int:
     config = load_config(args.config, args.overrides)
     _start_jax()
-    from train.loop import fit
+    from train.fit import fit
 
     result = fit(config, _run_dir(args, config))
     print(_fit_summary(result, config))
@@ -84,7 +84,7 @@ def command_fit(args) -> int:
 def command_cpt(args) -> int:
     config = load_config(args.config, args.overrides)
     _start_jax()
-    from train.loop import continued_pretraining
+    from train.cpt import continued_pretraining
 
     result = continued_pretraining(config, _run_dir(args, config))
     print(_fit_summary(result, config))
@@ -94,7 +94,7 @@ def command_cpt(args) -> int:
 def command_main(args) -> int:
     config = load_config(MAIN_PRESET, args.overrides)
     _start_jax()
-    from train.loop import fit
+    from train.fit import fit
     from train.plot import plot_run
 
     run_dir = _run_dir(args, config)
@@ -106,7 +106,7 @@ def command_main(args) -> int:
 
 def command_eval(args) -> int:
     _start_jax()
-    from train.loop import evaluate_run
+    from train.evaluate import evaluate_run
     from train.metrics import format_table
 
     result = evaluate_run(args.run_dir, seq_len=args.seq_len, num_batches=args.batches)
@@ -158,7 +158,7 @@ def command_bench(args) -> int:
         overrides.append(f"data.batch_size={args.batch_size}")
     config = load_config(args.config, overrides)
     _start_jax()
-    from train.loop import benchmark
+    from train.bench import benchmark
     from train.metrics import format_rate, format_table
 
     result = benchmark(config, steps=args.steps, warmup=args.warmup)

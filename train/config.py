@@ -2,8 +2,21 @@
 
     config = load_config("configs/tiny_fpa.yaml", ["model.num_layers=4", "optim.lr=1e-3"])
 
-    preset YAML (nested mappings)  --merge overrides-->  dict  --coerce by field type-->  Config
+    preset YAML  --resolve `base:` chain-->  dict  --coerce, validate-->  Config (the preset's)
+                 --merge overrides-->  dict  --coerce, validate-->  Config (the run's)
     unknown key, wrong type, impossible combination  ->  ConfigError naming the dotted key
+
+Inheritance: a preset may name the preset it extends, `base: <name or path>` (looked up beside
+the file, then in configs/; configs/base/ holds shared bases that are not presets themselves).
+resolved(preset) = deep_merge(resolved(base), preset without `base`): mappings merge key by
+key, anything else (scalars, lists) replaces. `name` is never inherited: it is the preset's own
+`name`, else its file stem. The resolved preset is validated before the overrides are applied,
+and the run directory stores the fully resolved config (config.json, `Config.to_dict`).
+
+Implementations: `attention.implementation` / `gdn.implementation` are checked at load
+against the dispatch registry of the op each layer calls (`fpa_jax.REGISTRIES`,
+`gdn_jax.REGISTRIES`; the layer names its op), so e.g. selective attention with "xla" is
+refused here, not when the model is traced.
 
 Layer pattern: `model.pattern` is a string over {A, G} (A = the configured attention variant,
 G = GatedDeltaNet) whose length divides `model.num_layers`; it is tiled to one letter per layer.
@@ -29,7 +42,7 @@ POSITIONS_BY_KIND = {
 }
 MIXER_LETTERS = {"A": "attention", "G": "gdn"}
 DTYPES = ("float32", "bfloat16")
-IMPLEMENTATIONS = (None, "reference", "xla", "pallas")
+BASE_KEY = "base"
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
 
@@ -178,32 +191,76 @@ def _to_plain(value: Any) -> Any:
 # ---------------------------------------------------------------- loading and overrides
 
 
-def resolve_preset(path_or_name: str) -> Path:
-    """A YAML path, or a preset name found in configs/ ("tiny_fpa" or "tiny_fpa.yaml")."""
+def resolve_preset(path_or_name: str, beside: Path | None = None) -> Path:
+    """A YAML path, or a preset name ("tiny_fpa" or "tiny_fpa.yaml", "base/tiny") looked up
+    beside the file `beside` (for `base:` keys), then in configs/."""
     candidate = Path(path_or_name)
     if candidate.is_file():
         return candidate
-    for name in (path_or_name, f"{path_or_name}.yaml"):
-        preset = CONFIG_DIR / Path(name).name
-        if preset.is_file():
-            return preset
+    directories = ([beside.parent] if beside is not None else []) + [CONFIG_DIR]
+    for directory in directories:
+        for name in (path_or_name, f"{path_or_name}.yaml"):
+            preset = directory / name
+            if preset.is_file():
+                return preset
     available = ", ".join(sorted(p.stem for p in CONFIG_DIR.glob("*.yaml")))
-    raise ConfigError(f"config {path_or_name!r}: no such file or preset (presets: {available})")
+    where = f" (named by `base:` in {beside})" if beside is not None else ""
+    raise ConfigError(f"config {path_or_name!r}{where}: no such file or preset "
+                      f"(presets: {available})")
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    with open(path) as f:
+        loaded = yaml.safe_load(f) or {}
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level, got {type(loaded).__name__}")
+    return loaded
+
+
+def _deep_merge(base: dict[str, Any], child: dict[str, Any]) -> dict[str, Any]:
+    merged = _deep_copy(base)
+    for key, value in child.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _deep_merge(merged[key], value)
+        else:
+            merged[key] = _deep_copy(value)
+    return merged
+
+
+def resolve_preset_dict(path: Path, _chain: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """The preset at `path` with its `base:` chain merged in (no `base` key left)."""
+    path = path.resolve()
+    if path in _chain:
+        cycle = " -> ".join(p.name for p in (*_chain, path))
+        raise ConfigError(f"{BASE_KEY}: presets extend each other in a cycle ({cycle})")
+    raw = _read_yaml(path)
+    base = raw.pop(BASE_KEY, None)
+    if base is None:
+        return raw
+    if not isinstance(base, str) or not base:
+        raise ConfigError(f"{path}: {BASE_KEY} must name a preset, got {base!r}")
+    inherited = resolve_preset_dict(resolve_preset(base, beside=path), (*_chain, path))
+    inherited.pop("name", None)
+    return _deep_merge(inherited, raw)
+
+
+def load_preset(path_or_name: str) -> Config:
+    """The fully resolved, validated preset (its `base:` chain merged; no overrides)."""
+    path = resolve_preset(path_or_name)
+    raw = resolve_preset_dict(path)
+    raw.setdefault("name", path.stem)
+    return config_from_dict(raw)
 
 
 def load_config(path_or_name: str | None, overrides: typing.Sequence[str] = ()) -> Config:
-    """Read a preset (or start from defaults when None), apply key=value overrides, validate."""
+    """Resolve and validate a preset (or start from defaults when None), then apply key=value
+    overrides and validate the result."""
     raw: dict[str, Any] = {}
     if path_or_name is not None:
-        path = resolve_preset(path_or_name)
-        with open(path) as f:
-            loaded = yaml.safe_load(f) or {}
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"{path}: expected a mapping at the top level, got {type(loaded).__name__}")
-        raw = loaded
-        raw.setdefault("name", path.stem)
-    raw = apply_overrides(raw, overrides)
-    return config_from_dict(raw)
+        raw = load_preset(path_or_name).to_dict()
+    if not overrides:
+        return config_from_dict(raw)
+    return config_from_dict(apply_overrides(raw, overrides))
 
 
 def apply_overrides(raw: dict[str, Any], overrides: typing.Sequence[str]) -> dict[str, Any]:
@@ -348,10 +405,6 @@ def validate(config: Config) -> None:
     _require(a.position in allowed,
              f"attention.position={a.position!r} is not available for attention.kind="
              f"{a.kind!r} (allowed: {allowed})")
-    _require(a.implementation in IMPLEMENTATIONS,
-             f"attention.implementation must be one of {IMPLEMENTATIONS}, got {a.implementation!r}")
-    _require(g.implementation in IMPLEMENTATIONS,
-             f"gdn.implementation must be one of {IMPLEMENTATIONS}, got {g.implementation!r}")
     _require(a.tau > 0, f"attention.tau must be > 0, got {a.tau}")
     kinds = config.layer_kinds()
     fpa_variant_changed = (a.stack_form, a.key_level, a.query_level, a.content, a.dip_sum,
@@ -396,6 +449,25 @@ def validate(config: Config) -> None:
 
     _require(c.k > 0, f"cpt.k must be > 0, got {c.k}")
     _require(c.mode in ("matrix", "row"), f"cpt.mode must be matrix or row, got {c.mode!r}")
+    validate_implementations(config)
+
+
+def validate_implementations(config: Config) -> None:
+    """Each layer's `implementation` must be registered for the op that layer calls."""
+    from fpa_jax import REGISTRIES as ATTENTION_REGISTRIES
+    from gdn_jax import REGISTRIES as GDN_REGISTRIES
+    from train.model import build_mixer
+
+    registries = {**ATTENTION_REGISTRIES, **GDN_REGISTRIES}
+    for index, kind in enumerate(config.layer_kinds()):
+        mixer = build_mixer(config, index, name=None)
+        try:
+            registries[mixer.op_name].check_name(mixer.implementation)
+        except ValueError as error:
+            section = "gdn" if kind == "gdn" else "attention"
+            what = "" if kind == "gdn" else f" with attention.kind={config.attention.kind!r}"
+            raise ConfigError(f"{section}.implementation={mixer.implementation!r}{what} "
+                              f"(layer {index}): {error}") from None
 
 
 def validate_for_devices(config: Config, device_count: int) -> tuple[int, int, int]:

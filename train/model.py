@@ -3,7 +3,7 @@
     tokens, segment_ids [B, T] int32
     x_0     = E[tokens]                                          [B, T, D]      E [V, D]
     per layer l (mixer_l from the tiled pattern: A = attention variant, G = GatedDeltaNet):
-      x    <- x + mixer_l(RMSNorm(x), segment_ids, positions)
+      x    <- x + mixer_l(RMSNorm(x), segment_ids=segment_ids, positions=positions)
       x    <- x + W_down (silu(RMSNorm(x) W_gate) * (RMSNorm(x) W_up))     W_gate, W_up [D, F]
     logits  = RMSNorm(x) E^T  (tied)  or  RMSNorm(x) W_out       float32 [B, T, V]
 
@@ -51,11 +51,14 @@ def positions_within_documents(segment_ids: jax.Array) -> jax.Array:
     return layers.positions_within_segments(segment_ids, *segment_ids.shape)
 
 
-def build_mixer(config: Config, layer_index: int, name: str) -> nn.Module:
-    """The sequence mixer of layer `layer_index` (attention variant or GatedDeltaNet)."""
-    kind = config.layer_kinds()[layer_index]
+def build_mixer(config: Config, layer_index: int, name: str | None) -> nn.Module:
+    """The sequence mixer of layer `layer_index` (attention variant or GatedDeltaNet).
+
+    Every mixer is called as mixer(x, *, segment_ids, positions) and names the op it calls
+    (`op_name`), whose registry checks its `implementation`.
+    """
     dtype, param_dtype = _dtype(config.model.dtype), _dtype(config.model.param_dtype)
-    if kind == "gdn":
+    if config.layer_kinds()[layer_index] == "gdn":
         g = config.gdn
         return GatedDeltaNet(num_heads=g.num_heads, head_dim=g.head_dim,
                              num_v_heads=g.num_v_heads or None, v_head_dim=g.v_head_dim or None,
@@ -123,10 +126,7 @@ class Block(nn.Module):
         dtype, param_dtype = _dtype(m.dtype), _dtype(m.param_dtype)
         mixer = build_mixer(self.config, self.layer_index, name="mixer")
         h = RMSNorm(m.norm_eps, dtype, param_dtype, name="mixer_norm")(x)
-        if self.config.layer_kinds()[self.layer_index] == "gdn":
-            h = mixer(h, segment_ids=segment_ids)
-        else:
-            h = mixer(h, segment_ids=segment_ids, positions=positions)
+        h = mixer(h, segment_ids=segment_ids, positions=positions)
         x = constrain(x + h.astype(x.dtype), ACTIVATION_AXES)
         h = RMSNorm(m.norm_eps, dtype, param_dtype, name="mlp_norm")(x)
         h = SwiGLU(self.config.mlp_dim(), m.init_std, dtype, param_dtype, name="mlp")(h)

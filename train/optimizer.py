@@ -3,9 +3,10 @@
     tx = chain(clip_by_global_norm(c), multi_transform({group: opt(lr_group(t))}, labels))
     lr(t)        warmup: lr * t / warmup;  then cosine from lr to min_lr_ratio * lr at `steps`
                  (schedule="cosine") or lr (schedule="constant")
-    groups       alpha     GDN alpha projection kernels (".../a_proj/kernel"): lr(t) * alpha_lr_scale
-                 no_decay  norm scales, biases, A_log, dt_bias, FPA rho, any 0-/1-D param: no decay
+    groups       gdn_jax.optimizer_labels (the one rule, stated there):
+                 alpha     GDN alpha projection kernels (".../a_proj/kernel"): lr(t) * alpha_lr_scale
                  frozen    A_log, dt_bias when optim.freeze_gdn_decay (zero update)
+                 no_decay  norm scales, biases, A_log, dt_bias, FPA rho, any 0-/1-D param: no decay
                  default   everything else: lr(t), weight decay
     opt          adamw | muon (optax.contrib; matrices orthogonalised, embeddings, output head,
                  conv taps and vectors by its internal AdamW) | sgd (plain, for tests and probes)
@@ -22,33 +23,15 @@ import jax
 import optax
 from optax.contrib import MuonDimensionNumbers
 
+from gdn_jax.spectral_shift import optimizer_labels
 from train.config import OptimConfig
 
-GROUPS = ("default", "no_decay", "alpha", "frozen")
-NO_DECAY_NAMES = ("bias", "scale", "rho", "A_log", "dt_bias")
-GDN_DECAY_NAMES = ("A_log", "dt_bias")
 ADAM_ONLY_MODULES = ("embed", "lm_head")
 
 
-def _keys(path: tuple) -> tuple[str, ...]:
-    return tuple(str(getattr(entry, "key", getattr(entry, "name", entry))) for entry in path)
-
-
-def label_for(path: tuple[str, ...], ndim: int, freeze_gdn_decay: bool = False) -> str:
-    name = path[-1]
-    if len(path) >= 2 and path[-2:] == ("a_proj", "kernel"):
-        return "alpha"
-    if name in GDN_DECAY_NAMES and freeze_gdn_decay:
-        return "frozen"
-    if name in NO_DECAY_NAMES or ndim < 2:
-        return "no_decay"
-    return "default"
-
-
 def param_labels(params: Any, freeze_gdn_decay: bool = False) -> Any:
-    """Tree of group names (see GROUPS) with the structure of `params`."""
-    return jax.tree_util.tree_map_with_path(
-        lambda path, x: label_for(_keys(path), x.ndim, freeze_gdn_decay), params)
+    """Tree of group names (default | no_decay | alpha | frozen) with the structure of `params`."""
+    return optimizer_labels(params, freeze_gdn_decay)
 
 
 def learning_rate_schedule(optim: OptimConfig, total_steps: int) -> optax.Schedule:
@@ -71,7 +54,7 @@ def muon_dimension_numbers(params: Any) -> Any:
     convolution taps and vectors are not matrices of a matmul over the model width: AdamW.
     """
     def rule(path, x):
-        keys = _keys(path)
+        keys = jax.tree_util.keystr(path, simple=True, separator="/").split("/")
         if keys[-1] != "kernel" or x.ndim < 2 or any(
                 k in ADAM_ONLY_MODULES or k.endswith("conv") for k in keys):
             return None

@@ -108,17 +108,17 @@ def logical_shardings(boxed_tree: Any, mesh: Mesh) -> Any:
 
 def state_shardings(abstract_opt_state: Any, abstract_params: Any, param_shardings: Any,
                     mesh: Mesh) -> Any:
-    """Optimizer-state shardings: a leaf whose trailing dict keys name a param of the same shape
+    """Optimizer-state shardings: a leaf whose trailing path names name a param of the same shape
     (Adam moments, momenta) follows that param; everything else (counts, scalars) replicates."""
     by_path = {}
     for path, value in jax.tree_util.tree_leaves_with_path(abstract_params):
-        by_path[_dict_keys(path)] = value.shape
-    shardings = dict(zip((_dict_keys(p) for p, _ in
+        by_path[_path_names(path)] = value.shape
+    shardings = dict(zip((_path_names(p) for p, _ in
                           jax.tree_util.tree_leaves_with_path(param_shardings)),
                          jax.tree.leaves(param_shardings)))
 
     def sharding_for(path, leaf):
-        keys = _dict_keys(path)
+        keys = _path_names(path)
         for start in range(len(keys)):
             suffix = keys[start:]
             if suffix in by_path and by_path[suffix] == leaf.shape:
@@ -128,8 +128,8 @@ def state_shardings(abstract_opt_state: Any, abstract_params: Any, param_shardin
     return jax.tree_util.tree_map_with_path(sharding_for, abstract_opt_state)
 
 
-def _dict_keys(path: tuple) -> tuple[str, ...]:
-    return tuple(str(entry.key) for entry in path if isinstance(entry, jax.tree_util.DictKey))
+def _path_names(path: tuple) -> tuple[str, ...]:
+    return tuple(jax.tree_util.keystr(path, simple=True, separator="/").split("/"))
 
 
 def global_batch(local_batch: dict[str, np.ndarray], sharding: NamedSharding) -> dict[str, jax.Array]:

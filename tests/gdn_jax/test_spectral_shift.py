@@ -204,3 +204,26 @@ def test_multi_transform_scales_only_the_alpha_update(boxed):
             assert np.any(np.asarray(old) != 0)
         else:
             np.testing.assert_array_equal(new, old)
+
+
+def test_optimizer_labels_freeze_and_low_rank_leaves():
+    """freeze_gdn_decay moves A_log and dt_bias (only) to "frozen"; any 0-/1-D leaf, whatever
+    its name, skips weight decay; a 2-D leaf inside a module named like a norm does not."""
+    tree = _model_tree(seed=10)
+    tree["layer_1"]["mixer"]["mask_offset"] = jnp.float32(0.3)
+    tree["layer_1"]["pre_norm"]["kernel"] = jnp.ones((6, 6))
+    plain, frozen = _paths(optimizer_labels(tree)), _paths(optimizer_labels(tree, True))
+    assert plain["['layer_1']['mixer']['mask_offset']"] == "no_decay"
+    assert plain["['layer_1']['pre_norm']['kernel']"] == "default"
+    changed = {path for path in plain if plain[path] != frozen[path]}
+    assert changed == {"['layer_0']['mixer']['A_log']", "['layer_0']['mixer']['dt_bias']"}
+    assert {frozen[path] for path in changed} == {"frozen"}
+
+
+def test_boxed_leaves_are_labelled_by_their_value():
+    variables = _gdn_variables(seed=11)
+    boxed = optimizer_labels(variables["params"], True)
+    unboxed = optimizer_labels(nn.meta.unbox(variables)["params"], True)
+    leaves = jax.tree_util.tree_leaves(boxed)
+    assert leaves == jax.tree_util.tree_leaves(unboxed)
+    assert set(leaves) == {"alpha", "frozen", "no_decay", "default"}

@@ -97,8 +97,8 @@ def test_round_trip_is_bitwise(tmp_path, seed):
     with Checkpointer(tmp_path, save_interval_steps=10) as checkpointer:
         assert checkpointer.save(10, state=state, data_iterator=iterator,
                                  config={"model": {"width": 8}, "lr": 1e-3},
-                                 spectral_shift_applied=[{"l_ref": 8, "l_tar": 32, "s": 0.5}],
-                                 extra={"tokens_seen": np.int64(1234)})
+                                 extra={"tokens_seen": np.int64(1234),
+                                        "markers": [{"l_ref": 8, "l_tar": 32, "s": 0.5}]})
         assert not checkpointer.save(11, state=state)  # not a multiple of the interval
         assert not checkpointer.save(10, state=state, force=True)  # exists already
     restored_iterator = _ListIterator()
@@ -108,8 +108,7 @@ def test_round_trip_is_bitwise(tmp_path, seed):
     _assert_bitwise_equal(restored.state, state)
     record = restored.record
     assert record["config"] == {"model": {"width": 8}, "lr": 1e-3}
-    assert record["spectral_shift_applied"] == [{"l_ref": 8, "l_tar": 32, "s": 0.5}]
-    assert record["extra"] == {"tokens_seen": 1234}
+    assert record["extra"] == {"tokens_seen": 1234, "markers": [{"l_ref": 8, "l_tar": 32, "s": 0.5}]}
     assert record["versions"]["jax"] == jax.__version__ and record["wall_time"] > 0
 
 
@@ -120,6 +119,38 @@ def test_iterator_state_encoding_keeps_tuples():
     assert isinstance(decoded["a"], tuple) and isinstance(decoded["b"], list)
     with pytest.raises(TypeError, match="data_iterator state"):
         encode_iterator_state({"x": object()})
+
+
+def test_iterator_state_file_is_graincompatible_json(tmp_path):
+    """The iterator item goes through grain's own handler: one process_<i>-of-<n>.json file
+    holding `encode_iterator_state`'s text (tuples tagged, so they come back as tuples)."""
+    iterator = _ListIterator()
+    iterator.position = 7
+    with Checkpointer(tmp_path, save_interval_steps=1) as checkpointer:
+        checkpointer.save(1, state={"step": jnp.int32(1)}, data_iterator=iterator)
+        iterator.position = 8  # after the save started: not in the checkpoint
+    (written,) = (tmp_path / "1" / "iterator").glob("process_*.json")
+    assert written.name == "process_0-of-1.json"
+    assert decode_iterator_state(written.read_text()) == {"position": 7,
+                                                          "slices": {"tokens": (-1, -1)}}
+
+
+def test_ignored_saved_entry_is_read_and_dropped(tmp_path):
+    """State saved by older code with a top-level entry newer code dropped (the trainer's
+    per-step "rng") restores when that key is named in ignore_saved, and only then."""
+    old = _train_state(2)
+    new = {k: v for k, v in old.items() if k not in ("rng", "legacy_rng")}
+    with Checkpointer(tmp_path, save_interval_steps=1) as checkpointer:
+        checkpointer.save(3, state={**new, "rng": jax.random.PRNGKey(9)})
+    with Checkpointer(tmp_path) as checkpointer:
+        with pytest.raises(ValueError, match=r"not in abstract_state: \['rng'\]"):
+            checkpointer.restore(3, _abstract(new))
+        restored = checkpointer.restore_latest(_abstract(new), ignore_saved=("rng",))
+        # a name the step does not hold is fine
+        again = checkpointer.restore(3, _abstract(new), ignore_saved=("rng", "other"))
+    assert restored.step == 3 and "rng" not in restored.state
+    _assert_bitwise_equal(restored.state, new)
+    _assert_bitwise_equal(again.state, new)
 
 
 def test_keeps_last_k(tmp_path):

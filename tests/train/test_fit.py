@@ -24,7 +24,7 @@ TINY = ["model.d_model=32", "model.num_layers=2", "attention.kind=softmax",
         "optim.warmup_steps=2", "optim.lr=3e-3", "train.log_every=1", "train.eval_batches=2",
         "train.position_buckets=4"]
 
-# Runs `train.loop.fit` (or `continued_pretraining`) for each of options["runs"], with
+# Runs `train.fit.fit` (or `train.cpt.continued_pretraining`) for each of options["runs"], with
 # optional fault injection:
 #   sigterm_after_steps: the process sends itself SIGTERM after that many train steps
 #   sigkill_in_save: SIGKILL inside the n-th checkpoint save of the process, after the save
@@ -32,11 +32,11 @@ TINY = ["model.d_model=32", "model.num_layers=2", "attention.kind=softmax",
 DRIVER = textwrap.dedent("""
     import json, os, signal, sys
     options = json.loads(sys.argv[1])
-    from train import checkpoint, loop
+    from train import checkpoint, cpt, fit
     from train.config import load_config
 
     if options.get("sigterm_after_steps"):
-        original_build = loop.build_session
+        original_build = fit.build_session
 
         def build_session(*a, **k):
             session = original_build(*a, **k)
@@ -52,7 +52,7 @@ DRIVER = textwrap.dedent("""
             session.train_step = train_step
             return session
 
-        loop.build_session = build_session
+        fit.build_session = build_session
 
     if options.get("sigkill_in_save"):
         original_save, saves = checkpoint._IteratorStateHandler.save, [0]
@@ -67,7 +67,7 @@ DRIVER = textwrap.dedent("""
 
     for job in options["runs"]:  # one after the other in this process
         config = load_config(None, job["overrides"])
-        run = loop.continued_pretraining if job.get("cpt") else loop.fit
+        run = cpt.continued_pretraining if job.get("cpt") else fit.fit
         result = run(config, job["run_dir"])
         print("RESULT " + json.dumps({"steps": result.steps, "start_step": result.start_step,
                                       "preempted": result.preempted, "eval_loss": result.eval_loss,
@@ -184,7 +184,8 @@ def test_interrupted_runs_resume_exactly(tmp_path, corpus, environment):
 def test_spectral_shift_cpt_applies_once(tmp_path, corpus, environment):
     """cpt from a 1-layer GDN reference, extending L_ref=16 to L_tar=64 (k=0.5 -> s=0.5): the
     alpha kernels start at mu + s (W - mu); a resumed cpt run does not shift them again."""
-    from train.loop import build_session, load_run, restore_run_state
+    from train.runs import load_run, restore_run_state
+    from train.session import build_session
 
     gdn = ["model.d_model=32", "model.num_layers=1", "model.pattern=G", "gdn.num_heads=2",
            "gdn.head_dim=16", "gdn.implementation=reference", "data.batch_size=2",
@@ -214,7 +215,7 @@ def test_spectral_shift_cpt_applies_once(tmp_path, corpus, environment):
     np.testing.assert_allclose(shifted["A_log"], reference["A_log"], atol=1e-6)
     assert restored["cpt"].step == 2
     assert load_run(cpt_dir)[0].optim.alpha_lr_scale == 0.5
-    (marker,) = restored["cpt"].record["spectral_shift_applied"]
+    (marker,) = restored["cpt"].record["extra"]["spectral_shift_applied"]
     assert (marker["l_ref"], marker["l_tar"], marker["s"]) == (16, 64, 0.5)
     assert marker["reference_step"] == 2
 

@@ -160,3 +160,16 @@ def test_muon_orthogonalises_matrices_and_adams_the_rest():
     unscaled = build_optimizer(OptimConfig(**{**optim.__dict__, "alpha_lr_scale": 1.0}), 10)
     a_unscaled = first_update(unscaled, grads, params)["layers_0"]["mixer"]["a_proj"]["kernel"]
     np.testing.assert_allclose(a_update, 0.5 * a_unscaled, rtol=1e-5, atol=1e-8)
+
+
+def test_groups_follow_the_one_rule_of_gdn_jax():
+    """train's groups are gdn_jax.optimizer_labels (one rule for both), on a real model tree."""
+    from gdn_jax import optimizer_labels
+
+    params = hybrid_params(7)
+    for freeze in (False, True):
+        assert jax.tree.leaves(param_labels(params, freeze)) == jax.tree.leaves(
+            optimizer_labels(params, freeze))
+    tx = build_optimizer(OptimConfig(freeze_gdn_decay=True), 10)
+    labels = tx.init(params)[1].inner_states   # clip, then multi_transform's per-group states
+    assert set(labels) == {"default", "no_decay", "alpha", "frozen"}

@@ -27,7 +27,7 @@ MULTI_DEVICE_SCRIPT = textwrap.dedent("""
     from jax.sharding import PartitionSpec as P
     from train.checkpoint import Checkpointer
     from train.config import ConfigError, load_config, validate_for_devices
-    from train.loop import build_session, to_global
+    from train.session import build_session, to_global
     from train.sharding import make_mesh, mesh_context
 
     assert jax.device_count() == 8, jax.devices()

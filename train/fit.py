@@ -1,0 +1,219 @@
+"""The training loop: train a config in a run directory, resuming from its newest checkpoint.
+
+    fresh run    state = init (or hooks.initial's params), extra = hooks.initial's record
+    resumed run  state, data iterator = the newest readable checkpoint;
+                 extra = hooks.resume(restored) (default: the checkpoint's own record["extra"])
+    each step    state, metrics = train_step(state, next batch)     (train/step.py)
+    every k      eval (train.eval_every), async checkpoint (train.checkpoint_every) of
+                 state + data iterator + {config, extra}
+    the end      eval, final checkpoint; SIGTERM/SIGINT: save the current step and stop
+
+`extra` is the caller's record kept with every checkpoint; `fit` carries it without reading
+it (continued pretraining, train/cpt.py, keeps its SpectralShift markers there). A resumed
+run continues the same loss trajectory: params, optimizer state, step and the grain
+iterator all come from the checkpoint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+from jax.sharding import Mesh
+
+from train import checkpoint as ckpt
+from train.config import Config
+from train.evaluate import evaluate
+from train.metrics import MetricsWriter, ProgressBar
+from train.model import count_params
+from train.runs import checkpoint_dir
+from train.session import (RETIRED_STATE_KEYS, Session, build_session, make_split_dataset,
+                           to_global)
+from train.sharding import mesh_context
+from train.tokenizer import load_tokenizer
+
+
+@dataclasses.dataclass(frozen=True)
+class FitHooks:
+    """What a caller changes about a run's start, without `fit` knowing why.
+
+    initial(session) -> (params or None, extra): a fresh run starts from these params (None:
+        the random init) and saves `extra` with its checkpoints.
+    resume(restored) -> extra: a resumed run's checkpoint (ckpt.RestoredCheckpoint); returns
+        the extra to save from now on, or raises to refuse the run directory.
+    """
+
+    initial: Callable[[Session], tuple[Any, dict[str, Any]]] | None = None
+    resume: Callable[[ckpt.RestoredCheckpoint], dict[str, Any]] | None = None
+
+
+@dataclasses.dataclass
+class FitResult:
+    run_dir: Path
+    params: int                     # number of model parameters
+    steps: int                      # step reached
+    start_step: int                 # 0, or the step resumed from
+    train_loss: float | None        # mean over the last logging window
+    eval_loss: float | None         # of the latest evaluation in this process
+    eval_step: int | None           # its step
+    tokens_per_second: float
+    checkpoint_dir: Path
+    latest_checkpoint: int | None
+    wall_seconds: float
+    preempted: bool
+    eval: dict[str, Any] | None
+
+
+def fit(config: Config, run_dir: str | Path, *, hooks: FitHooks = FitHooks(),
+        mesh: Mesh | None = None) -> FitResult:
+    """Train `config` in `run_dir`, resuming from its newest checkpoint if there is one."""
+    started = time.time()
+    run_dir = Path(run_dir)
+    tokenizer = load_tokenizer(config.data.tokenizer)
+    session = build_session(config, tokenizer.vocab_size, mesh)
+    ckpt.save_run_files(run_dir, config=config.to_dict(), tokenizer=tokenizer)
+    t = config.train
+    checkpointer = ckpt.Checkpointer(
+        checkpoint_dir(run_dir), max_to_keep=t.keep_checkpoints,
+        save_interval_steps=t.checkpoint_every or (t.steps + 1))
+    train_iterator = iter(make_split_dataset(config, tokenizer, "train"))
+    eval_dataset = make_split_dataset(config, tokenizer, "eval")
+    writer = MetricsWriter(run_dir, tensorboard=t.tensorboard)
+    bar = ProgressBar(t.steps)
+
+    restored = checkpointer.restore_latest(session.abstract_state, data_iterator=train_iterator,
+                                           ignore_saved=RETIRED_STATE_KEYS)
+    if restored is not None:
+        state, start_step = restored.state, restored.step
+        extra = hooks.resume(restored) if hooks.resume else dict(restored.record.get("extra", {}))
+        bar.message(f"resumed from step {start_step} ({checkpointer.directory})")
+    else:
+        state, start_step = session.init_state(), 0
+        params, extra = hooks.initial(session) if hooks.initial else (None, {})
+        if params is not None:
+            state["params"] = jax.device_put(params, session.state_shardings["params"])
+
+    step = start_step
+    log = _StepLog(writer, bar, t.steps, config.data.batch_size * config.data.seq_len, start_step)
+    eval_loss = eval_step = None
+    last_eval: dict[str, Any] | None = None
+    preempted = False
+
+    def save(force: bool) -> bool:
+        return checkpointer.save(step, state=state, data_iterator=train_iterator,
+                                 config=config.to_dict(), extra=extra, force=force)
+
+    def run_eval() -> dict[str, Any]:
+        result = evaluate(session, state["params"], iter(eval_dataset), t.eval_batches)
+        writer.write("eval", step, result)
+        bar.message(f"eval step {step}: loss {result['loss']:.4f}")
+        return result
+
+    try:
+        with ckpt.install_preemption_handler() as stop, mesh_context(session.mesh):
+            while step < t.steps:
+                batch = to_global(session, next(train_iterator))
+                state, metrics = session.train_step(state, batch)
+                step += 1
+                log.add(metrics)
+                if step % t.log_every == 0 or step == t.steps:
+                    log.flush(step)
+                eval_due = bool(t.eval_every) and step % t.eval_every == 0 and step < t.steps
+                if eval_due or checkpointer.should_save(step):
+                    jax.block_until_ready(metrics)
+                    with log.paused():
+                        if eval_due:
+                            last_eval = run_eval()
+                            eval_loss, eval_step = last_eval["loss"], step
+                        save(force=False)
+                if _stop_everywhere(stop, step, t.log_every) or checkpointer.reached_preemption(step):
+                    preempted = True
+                    log.flush(step)
+                    bar.message(f"stop requested ({stop.signal_name or 'preemption'}): "
+                                f"saving step {step}")
+                    break
+            if not preempted:
+                last_eval = run_eval()
+                eval_loss, eval_step = last_eval["loss"], step
+            save(force=True)
+            checkpointer.wait_until_finished()
+    finally:
+        bar.close()
+        writer.close()
+        checkpointer.close()
+    return FitResult(run_dir=run_dir, params=count_params(session.abstract_state["params"]),
+                     steps=step, start_step=start_step, train_loss=log.train_loss,
+                     eval_loss=eval_loss, eval_step=eval_step,
+                     tokens_per_second=log.tokens_per_second(),
+                     checkpoint_dir=checkpointer.directory,
+                     latest_checkpoint=checkpointer.latest_step(),
+                     wall_seconds=time.time() - started, preempted=preempted, eval=last_eval)
+
+
+class _StepLog:
+    """Train metrics between log points -> JSONL/TensorBoard records, progress bar, tokens/s.
+
+    Time spent in `paused()` (evaluation, checkpoints) and the first window after a (re)start
+    (compilation) stay out of the tokens/s figures.
+    """
+
+    def __init__(self, writer: MetricsWriter, bar: ProgressBar, total_steps: int,
+                 tokens_per_step: int, start_step: int):
+        self.writer, self.bar = writer, bar
+        self.total_steps, self.tokens_per_step, self.start_step = total_steps, tokens_per_step, start_step
+        self.window: list[dict[str, jax.Array]] = []
+        self.window_started = time.time()
+        self.timed_steps, self.timed_seconds = 0, 0.0
+        self.train_loss: float | None = None
+
+    def add(self, metrics: dict[str, jax.Array]) -> None:
+        self.window.append(metrics)
+
+    @contextlib.contextmanager
+    def paused(self):
+        paused_at = time.time()
+        yield
+        self.window_started += time.time() - paused_at
+
+    def flush(self, step: int) -> None:
+        if not self.window:
+            return
+        values = jax.device_get(self.window)
+        elapsed = max(time.time() - self.window_started, 1e-9)
+        if step - len(values) > self.start_step:
+            self.timed_steps += len(values)
+            self.timed_seconds += elapsed
+        rate = self.tokens_per_step * len(values) / elapsed
+        self.train_loss = float(np.mean([v["loss"] for v in values]))
+        for offset, v in enumerate(values):
+            self.writer.write("train", step - len(values) + 1 + offset,
+                              {name: float(x) for name, x in v.items()})
+        self.writer.write("throughput", step, {"tokens_per_second": rate})
+        eta = (self.total_steps - step) * elapsed / len(values)
+        self.bar.update(step, self.train_loss, rate, eta)
+        self.window, self.window_started = [], time.time()
+
+    def tokens_per_second(self) -> float:
+        if not self.timed_seconds:
+            return float("nan")
+        return self.tokens_per_step * self.timed_steps / self.timed_seconds
+
+
+def _stop_everywhere(stop: ckpt.PreemptionFlag, step: int, every: int) -> bool:
+    """A stop requested on any process stops every process (at the same step).
+
+    One process: checked every step (a host flag, no device sync). Several processes: the
+    flags are gathered only every `every` steps, so the hot loop holds no per-step collective.
+    """
+    if jax.process_count() == 1:
+        return bool(stop)
+    if step % every:
+        return False
+    return bool(np.any(multihost_utils.process_allgather(np.asarray(bool(stop)))))

@@ -1,0 +1,84 @@
+"""The loss of a packed batch, and the train and eval steps built on it (pure functions).
+
+    batch       {"tokens", "segment_ids"} int32 [B, L+1]
+    view        inputs, targets, segment_ids, loss_mask [B, L]   (split_inputs_and_targets)
+    logits      model(inputs, segment_ids)                                   float32 [B, L, V]
+    losses      CE(logits_bj, target_bj)                                     float32 [B, L]
+    loss        sum_bj mask_bj * losses_bj / max(1, sum_bj mask_bj)          float32 []
+    train step  grads = d loss / d params;  updates, opt_state = tx(grads, opt_state, params);
+                params += updates;  step += 1
+    eval step   sums, so that batches add up: loss_sum, count, and per position bucket
+                bucket_j = min(p_j // ceil(L / nb), nb - 1), p_j the position of input j in
+                its document (0 at each document start): the prediction made with p_j + 1
+                tokens of context
+    state       {"step": int32 [], "params", "opt_state"}
+
+The mask drops the position holding a document's end-of-document token (its target starts
+the next document); the segment ids the model sees are the packer's (train/data.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+
+from train.data import split_inputs_and_targets
+from train.model import positions_within_documents
+
+State = dict[str, Any]
+
+
+def token_losses(model: nn.Module, params: Any, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
+    """logits [B, L, V]; losses (CE per position), mask (float32, 1 where the target is
+    scored) and the segment_ids the model saw, each [B, L]."""
+    view = split_inputs_and_targets(batch)
+    logits = model.apply({"params": params}, view["inputs"], view["segment_ids"])
+    losses = optax.softmax_cross_entropy_with_integer_labels(logits, view["targets"])
+    return {"logits": logits, "losses": losses, "mask": view["loss_mask"].astype(jnp.float32),
+            "segment_ids": view["segment_ids"]}
+
+
+def masked_mean(losses: jax.Array, mask: jax.Array) -> jax.Array:
+    return jnp.sum(losses * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+
+
+def make_train_step(model: nn.Module, optimizer: optax.GradientTransformation,
+                    schedule: optax.Schedule) -> Callable[[State, dict], tuple[State, dict]]:
+    """state, batch -> new state, {"loss", "grad_norm", "lr", "target_tokens"}."""
+
+    def loss_fn(params, batch):
+        terms = token_losses(model, params, batch)
+        return masked_mean(terms["losses"], terms["mask"]), terms["mask"]
+
+    def train_step(state, batch):
+        (loss, mask), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"], batch)
+        updates, opt_state = optimizer.update(grads, state["opt_state"], state["params"])
+        params = optax.apply_updates(state["params"], updates)
+        new_state = {"step": state["step"] + 1, "params": params, "opt_state": opt_state}
+        metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads),
+                   "lr": schedule(state["step"]), "target_tokens": jnp.sum(mask)}
+        return new_state, metrics
+
+    return train_step
+
+
+def make_eval_step(model: nn.Module, seq_len: int,
+                   buckets: int) -> Callable[[Any, dict], dict[str, jax.Array]]:
+    """params, batch -> {"loss_sum", "count", "bucket_loss_sum" [nb], "bucket_count" [nb]}."""
+    width = -(-seq_len // buckets)
+
+    def eval_step(params, batch):
+        terms = token_losses(model, params, batch)
+        losses, mask = terms["losses"], terms["mask"]
+        bucket = jnp.minimum(positions_within_documents(terms["segment_ids"]) // width,
+                             buckets - 1)
+        return {"loss_sum": jnp.sum(losses * mask), "count": jnp.sum(mask),
+                "bucket_loss_sum": jnp.zeros(buckets, jnp.float32).at[bucket].add(losses * mask),
+                "bucket_count": jnp.zeros(buckets, jnp.float32).at[bucket].add(mask)}
+
+    return eval_step
