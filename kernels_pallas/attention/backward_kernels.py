@@ -1,0 +1,642 @@
+"""Mosaic GPU backward kernels of causal attention with a per-row / per-column score bias.
+
+Tiles are n x n (n = 64, one warpgroup, wgmma), recomputed from q, k, v, the saved row
+log-sum-exp (natural log) and delta_t = <dout_t, out_t>:
+
+    logit_ts = scale <q_t, k_s> + b_ts      P_ts = exp(logit_ts - lse_t) [valid]
+    dP_ts = <dout_t, v_s>    dS_ts = P_ts (dP_ts - delta_t)
+    dq_t = scale sum_s dS_ts k_s    dk_s = scale sum_t dS_ts q_t    dv_s = sum_t P_ts dout_t
+
+valid: s <= t and doc(s) == doc(t). Bias modes (static):
+
+    "none":       b = 0
+    "separable":  b_ts = row_t - col_s;  d row_t = sum_s dS_ts,  d col_s = -sum_t dS_ts
+                  (both sums of the same float32 dS, so their rounding errors match)
+    "fpa":        b_ts = beta min(0, R_ts - level),  level = psi_s (psi_t with query_level),
+                  R_ts = min(A_s, G, C_t) off the diagonal, the dyadic range minimum on it
+                  (backward_fields.py); coef = beta [dead] dS;  d level -= sum coef;
+                  d beta_s += sum_t [dead] (R - level) dS;  soft-min shares of coef per piece:
+                  share = coef / mass,
+                  mass = sum over pieces of mass_piece exp(-(min_piece - R)/tau)
+
+Two kernels, no atomics: `dkv` runs one program per key block j over query blocks i >= j
+(dk, dv, column sums, and the per-tile gap totals), `dq` one per query block i over key blocks
+j <= i (dq, row sums). Each recomputes the tile; the next query/key block's tiles are prefetched
+by TMA into a second buffer while the current one is computed. Matmul operands that the
+kernel computes (P, dS) go through shared memory (the GPU interpreter of the tests supports
+wgmma only from shared memory) unless lhs_in_registers, a compiled-only variant that feeds them
+to wgmma from registers (lowering-tested; not yet timed on the GPU).
+
+Per-block vectors travel packed: [B, H, nb, rows, n] float32, one TMA per block.
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+BIG = 1e30
+BLOCK = 64
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelConfig:
+    mode: str                 # "none" | "separable" | "fpa"
+    scale: float
+    block: int = BLOCK
+    segments: bool = False
+    tau: float = 1.0
+    query_level: bool = False
+    content: bool = True
+    prune: bool = False       # skip the forward's pruned tiles and other documents' tiles
+    margin: float = 0.0
+    lhs_in_registers: bool = False  # P, dS as wgmma operands from registers (compiled only)
+
+    @property
+    def skips(self):
+        return self.prune and (self.mode != "none" or self.segments)
+
+    @property
+    def prunes(self):
+        return self.prune and self.mode != "none"
+
+    @property
+    def diag_levels(self):
+        return (self.block.bit_length() - 1) if self.mode == "fpa" else 0
+
+    def row_names(self):
+        """Rows of the per-query-block input pack."""
+        names = ["lse", "delta"] + (["seg"] if self.segments else [])
+        if self.mode == "separable":
+            names.append("row")
+        elif self.mode == "fpa":
+            names += ["pre_min", "pre_mass", "bmin", "bmass"]
+            names += ["psi"] if self.query_level else []
+        if self.prunes:
+            names += ["qn", "dmin"]
+            if self.mode == "separable":
+                names.append("rmax")
+            else:
+                names += ["qc", "qp"] if self.query_level else ["cmax"]
+        return names
+
+    def col_names(self):
+        """Rows of the per-key-block input pack."""
+        names = ["seg"] if self.segments else []
+        if self.mode == "separable":
+            names.append("col")
+        elif self.mode == "fpa":
+            names += ["suf_min", "suf_mass", "bmin", "bmass"]
+            names += [] if self.query_level else ["psi"]
+        if self.skips and self.segments:
+            names.append("dend")
+        if self.prunes:
+            names.append("kn")
+            if self.mode == "separable":
+                names.append("cmin")
+            elif not self.query_level:
+                names.append("kp")
+        return names
+
+    def col_out_names(self):
+        if self.mode == "separable":
+            return ["dcol"]
+        if self.mode == "fpa":
+            levels = [f"share{level}" for level in range(self.diag_levels + 1)]
+            return ([] if self.query_level else ["dpsi"]) + ["dbeta"] + levels
+        return []
+
+    def row_out_names(self):
+        if self.mode == "separable":
+            return ["drow"]
+        if self.mode == "fpa":
+            levels = [f"share{level}" for level in range(self.diag_levels + 1)]
+            return (["dpsi"] if self.query_level else []) + levels
+        return []
+
+
+def _decay(excess, tau):
+    """exp(-excess / tau) for excess >= 0 (clamped), with a multiply instead of a division."""
+    return jnp.exp(jnp.maximum(excess, 0.0) * (-1.0 / tau))
+
+
+def _smem_tile(rows, cols, dtype):
+    bits = jnp.dtype(dtype).itemsize * 8
+    transforms = (plgpu.TilingTransform((8, 1024 // bits)), plgpu.SwizzleTransform(128))
+    return plgpu.SMEM((rows, cols), dtype, transforms=transforms)
+
+
+class _Vectors:
+    """Named rows of a packed [rows, n] SMEM block, loaded as vectors along one tile axis."""
+
+    def __init__(self, ref, names, axis):
+        self.ref, self.names, self.axis = ref, names, axis
+
+    def vec(self, name, row=None):
+        index = self.names.index(name) if row is None else row
+        return plgpu.load(self.ref.at[index], layout=plgpu.Layout.WGMMA.reduce(1 - self.axis))
+
+    def full(self, name, shape, row=None):
+        return lax.broadcast_in_dim(self.vec(name, row), shape, [self.axis])
+
+    def scalar(self, name):
+        """A per-block scalar row (its value repeated n times)."""
+        return self.ref[self.names.index(name), 0]
+
+
+def _skip_tile(cfg, rows, cols, gap_min, beta):
+    """The forward's pruning test of an off-diagonal tile (forward_kernel.py), as a scalar."""
+    qn_kn = rows.scalar("qn") * cols.scalar("kn")
+    if cfg.mode == "separable":
+        bound = rows.scalar("rmax") - cols.scalar("cmin")
+    elif cfg.query_level:
+        bound = beta * jnp.minimum(jnp.minimum(rows.scalar("qc"), gap_min - rows.scalar("qp")), 0.0)
+    else:
+        bound = jnp.minimum(gap_min, rows.scalar("cmax")) - cols.scalar("kp")
+        bound = beta * jnp.minimum(bound, 0.0)
+    return bound + qn_kn < rows.scalar("dmin") - cfg.margin
+
+
+def _matmul(a_smem, b_smem, shape):
+    def body(acc):
+        plgpu.wgmma(acc, a_smem, b_smem)
+        return acc[...]
+    return pl.run_scoped(body, plgpu.ACC(shape, jnp.float32))
+
+
+def _matmul_lhs(cfg, lhs, lhs_smem, b_smem, shape):
+    """lhs (a float32 tile in registers, cast to the input dtype) @ b_smem, float32.
+
+    With cfg.lhs_in_registers the wgmma reads lhs from registers; otherwise it is stored to
+    lhs_smem first (the GPU interpreter of the tests supports only that form).
+    """
+    if cfg.lhs_in_registers:
+        def body(acc):
+            plgpu.wgmma(acc, lhs.astype(lhs_smem.dtype), b_smem)
+            return acc[...]
+        return pl.run_scoped(body, plgpu.ACC(shape, jnp.float32))
+    lhs_smem[...] = lhs.astype(lhs_smem.dtype)
+    plgpu.commit_smem()
+    return _matmul(lhs_smem, b_smem, shape)
+
+
+def _zeros(shape, layout):
+    return plgpu.layout_cast(jnp.zeros(shape, jnp.float32), layout)
+
+
+class _Tile:
+    """Elementwise work of one n x n tile. query_axis: 1 in `dkv` ([s, t]), 0 in `dq` ([t, s])."""
+
+    def __init__(self, cfg: KernelConfig, query_axis, rows: _Vectors, cols: _Vectors, beta):
+        self.cfg, self.qa, self.ka = cfg, query_axis, 1 - query_axis
+        self.rows, self.cols, self.beta = rows, cols, beta
+        n = cfg.block
+        self.shape = (n, n)
+        iota = lambda axis: plgpu.broadcasted_iota(jnp.int32, self.shape, axis,
+                                                   layout=plgpu.Layout.WGMMA)
+        self.t_local, self.s_local = iota(self.qa), iota(self.ka)
+
+    def row(self, name, row=None):
+        return self.rows.full(name, self.shape, row)
+
+    def col(self, name, row=None):
+        return self.cols.full(name, self.shape, row)
+
+    def sum_over_queries(self, x):
+        return x.sum(axis=self.qa)
+
+    def sum_over_keys(self, x):
+        return x.sum(axis=self.ka)
+
+    def mask(self, diagonal):
+        valid = None
+        if diagonal:
+            valid = self.s_local <= self.t_local
+        if self.cfg.segments:
+            same = self.row("seg") == self.col("seg")
+            valid = same if valid is None else valid & same
+        return valid
+
+    def level_masks(self):
+        """Dyadic levels of the pairs s < t inside a diagonal tile."""
+        masks = []
+        later = self.s_local < self.t_local
+        for level in range(self.cfg.diag_levels):
+            same_pair = (self.t_local >> (level + 1)) == (self.s_local >> (level + 1))
+            split = (self.t_local >> level) != (self.s_local >> level)
+            masks.append(same_pair & split & later)
+        return masks
+
+    def fpa_pieces(self, diagonal, diag_rows, diag_cols, gap_min):
+        """Range minimum R [n, n] and the soft-min pieces of the tile, each
+        (level mask or None, suffix min, suffix mass, prefix min, prefix mass) broadcast [n, n].
+        The gap piece (off-diagonal tiles) is the running (gap_min, gap_mass) pair."""
+        if diagonal:
+            pieces = []
+            range_min = jnp.full(self.shape, BIG, jnp.float32)
+            for level, mask in enumerate(self.level_masks()):
+                suf = diag_cols.full("suf", self.shape, row=2 * level)
+                suf_mass = diag_cols.full("suf", self.shape, row=2 * level + 1)
+                pre = diag_rows.full("pre", self.shape, row=2 * level)
+                pre_mass = diag_rows.full("pre", self.shape, row=2 * level + 1)
+                range_min = jnp.where(mask, jnp.minimum(suf, pre), range_min)
+                pieces.append((mask, suf, suf_mass, pre, pre_mass))
+            return range_min, pieces
+        suf, suf_mass = self.col("suf_min"), self.col("suf_mass")
+        pre, pre_mass = self.row("pre_min"), self.row("pre_mass")
+        gap = lax.broadcast_in_dim(gap_min, self.shape, [1])
+        range_min = jnp.minimum(jnp.minimum(suf, gap), pre)
+        return range_min, [(None, suf, suf_mass, pre, pre_mass)]
+
+    def logits_and_bias(self, scores, diagonal, diag_rows=None, diag_cols=None, gap_min=None):
+        """Logits [n, n] (before masking) and, for FPA, what the gradient pass needs."""
+        cfg = self.cfg
+        extra = {}
+        if cfg.mode == "none":
+            bias = None
+        elif cfg.mode == "separable":
+            bias = self.row("row") - self.col("col")
+        else:
+            range_min, pieces = self.fpa_pieces(diagonal, diag_rows, diag_cols, gap_min)
+            level = self.row("psi") if cfg.query_level else self.col("psi")
+            gap = range_min - level
+            dead = gap < 0.0
+            if diagonal:
+                dead = dead & (self.s_local < self.t_local)
+            bias = self.beta * jnp.where(dead, gap, 0.0)
+            extra = dict(range_min=range_min, pieces=pieces, gap=gap, dead=dead)
+        if scores is None:
+            logits = bias
+        else:
+            logits = cfg.scale * scores if bias is None else cfg.scale * scores + bias
+        return logits, extra
+
+    def probs(self, logits, mask):
+        p = jnp.exp(logits - self.row("lse"))
+        return p if mask is None else jnp.where(mask, p, 0.0)
+
+    def fpa_shares(self, ds, mask, extra, diagonal, gap_min, gap_mass):
+        """(coef, dbeta terms, [(key-side, query-side share) per piece], gap share), [n, n] each.
+
+        coef = beta [dead] dS; a piece's share is coef / mass times the piece's own weight
+        exp(-(piece min - R)/tau), mass = sum over the pieces of
+        mass_piece exp(-(min_piece - R)/tau).
+        """
+        tau = self.cfg.tau
+        dead = extra["dead"] if mask is None else extra["dead"] & mask
+        coef = jnp.where(dead, self.beta * ds, 0.0)
+        dbeta = jnp.where(dead, extra["gap"] * ds, 0.0)
+        range_min = extra["range_min"]
+        out = []
+        gap_share = None
+        if diagonal:
+            for level_mask, suf, suf_mass, pre, pre_mass in extra["pieces"]:
+                to_key = _decay(suf - range_min, tau)
+                to_query = _decay(pre - range_min, tau)
+                mass = suf_mass * to_key + pre_mass * to_query
+                share = jnp.where(level_mask, coef / jnp.maximum(mass, 1.0), 0.0)
+                out.append((share * to_key, share * to_query))
+        else:
+            _, suf, suf_mass, pre, pre_mass = extra["pieces"][0]
+            to_key = _decay(suf - range_min, tau)
+            to_query = _decay(pre - range_min, tau)
+            gap = lax.broadcast_in_dim(gap_min, self.shape, [1])
+            to_gap = _decay(gap - range_min, tau)
+            mass = (suf_mass * to_key + pre_mass * to_query
+                    + lax.broadcast_in_dim(gap_mass, self.shape, [1]) * to_gap)
+            share = coef / jnp.maximum(mass, 1.0)
+            out.append((share * to_key, share * to_query))
+            gap_share = share * to_gap
+        return coef, dbeta, out, gap_share
+
+
+def _gap_update(gap_min, gap_mass, block_min, block_mass, tau):
+    new_min = jnp.minimum(gap_min, block_min)
+    new_mass = (gap_mass * _decay(gap_min - new_min, tau)
+                + block_mass * _decay(block_min - new_min, tau))
+    return new_min, new_mass
+
+
+def dkv_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
+    """One program per (head, key block, batch): dk, dv [B, Tp, H, D], column pack, gap totals."""
+    batch, tp, heads, head_dim = q.shape
+    n = cfg.block
+    nb = tp // n
+    fpa = cfg.mode == "fpa"
+    row_names, col_names = cfg.row_names(), cfg.col_names()
+    out_names = cfg.col_out_names()
+    chunks = -(-nb // n)
+    levels = cfg.diag_levels
+
+    out_types = [jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)]
+    if out_names:
+        out_types.append(jax.ShapeDtypeStruct((batch, heads, nb, len(out_names), n), jnp.float32))
+    if fpa:
+        out_types.append(jax.ShapeDtypeStruct((batch, heads, nb, chunks, n), jnp.float32))
+
+    def body(*refs):
+        (q_ref, k_ref, v_ref, do_ref, rowp_ref, colp_ref, rowd_ref, cold_ref, beta_ref,
+         dk_ref, dv_ref, *rest) = refs
+        colo_ref = rest.pop(0) if out_names else None
+        gapo_ref = rest.pop(0) if fpa else None
+        (k_s, v_s, q_s, do_s, rowp_s, colp_s, rowd_s, cold_s, beta_s, p_s, ds_s, colo_s, gap_s,
+         bars) = rest
+        h = lax.axis_index("h")
+        j = lax.axis_index("kb")
+        b = lax.axis_index("b")
+        keys = (b, pl.ds(j * n, n), h)
+        plgpu.copy_gmem_to_smem(k_ref.at[keys], k_s, bars.at[0])
+        plgpu.copy_gmem_to_smem(v_ref.at[keys], v_s, bars.at[1])
+        plgpu.copy_gmem_to_smem(colp_ref.at[b, h, j], colp_s, bars.at[2])
+        if fpa:
+            plgpu.copy_gmem_to_smem(rowd_ref.at[b, h, j], rowd_s, bars.at[3])
+            plgpu.copy_gmem_to_smem(cold_ref.at[b, h, j], cold_s, bars.at[4])
+            plgpu.copy_gmem_to_smem(beta_ref.at[h], beta_s, bars.at[5])
+
+        def fetch(i, slot):
+            rows_at = (b, pl.ds(i * n, n), h)
+            plgpu.copy_gmem_to_smem(q_ref.at[rows_at], q_s.at[slot], bars.at[6 + slot])
+            plgpu.copy_gmem_to_smem(do_ref.at[rows_at], do_s.at[slot], bars.at[8 + slot])
+            plgpu.copy_gmem_to_smem(rowp_ref.at[b, h, i], rowp_s.at[slot], bars.at[10 + slot])
+
+        fetch(j, 0)
+        for index in range(3 + (3 if fpa else 0)):
+            plgpu.barrier_wait(bars.at[index])
+        beta = plgpu.load(beta_s.at[0], layout=plgpu.Layout.WGMMA.reduce(1)) if fpa else None
+        beta = lax.broadcast_in_dim(beta, (n, n), [0]) if fpa else None
+        cols = _Vectors(colp_s, col_names, axis=0)
+        diag_cols = _Vectors(cold_s, ["suf"], axis=0) if fpa else None
+        diag_rows = _Vectors(rowd_s, ["pre"], axis=1) if fpa else None
+        if gap_s is not None:
+            for c in range(chunks):
+                gap_s.at[c][...] = _zeros((n,), plgpu.Layout.WGMMA.reduce(0))
+
+        beta_scalar = beta_s[0, 0] if fpa else None
+        if cfg.skips and cfg.segments:  # query blocks past the key block's last document
+            end = jnp.minimum(nb, lax.div(cols.scalar("dend").astype(jnp.int32), n) + 1)
+        else:
+            end = nb
+
+        def step(i, slot, carry, diagonal):
+            state, gap_min, gap_mass, gap_scalar = carry
+
+            @pl.when(i + 1 < end)
+            def _():
+                plgpu.commit_smem()  # order the last step's reads of that slot before the TMA
+                fetch(i + 1, 1 - slot)
+
+            for index in (6, 8, 10):
+                plgpu.barrier_wait(bars.at[index + slot])
+            rows = _Vectors(rowp_s.at[slot], row_names, axis=1)
+
+            def compute(state):
+                dk, dv, col_acc = state
+                tile = _Tile(cfg, 1, rows, cols, beta)
+                scores = None
+                if cfg.content:
+                    scores = _matmul(k_s, q_s.at[slot].transpose((1, 0)), (n, n))
+                logits, extra = tile.logits_and_bias(scores, diagonal, diag_rows, diag_cols,
+                                                     gap_min)
+                mask = tile.mask(diagonal)
+                p = tile.probs(logits, mask)
+                dv = dv + _matmul_lhs(cfg, p, p_s, do_s.at[slot], (n, head_dim))
+                dp = _matmul(v_s, do_s.at[slot].transpose((1, 0)), (n, n))
+                ds = p * (dp - tile.row("delta"))
+                if cfg.content:
+                    dk = dk + _matmul_lhs(cfg, ds, ds_s, q_s.at[slot], (n, head_dim))
+                col_acc = list(col_acc)
+                if cfg.mode == "separable":
+                    col_acc[0] = col_acc[0] - tile.sum_over_queries(ds)
+                elif fpa:
+                    coef, dbeta, shares, gap_share = tile.fpa_shares(ds, mask, extra, diagonal,
+                                                                     gap_min, gap_mass)
+                    at = 0
+                    if not cfg.query_level:
+                        col_acc[0] = col_acc[0] - tile.sum_over_queries(coef)
+                        at = 1
+                    col_acc[at] = col_acc[at] + tile.sum_over_queries(dbeta)
+                    first = at + 1 if diagonal else at + 1 + levels
+                    for offset, (to_key, _) in enumerate(shares):
+                        col_acc[first + offset] = (col_acc[first + offset]
+                                                   + tile.sum_over_queries(to_key))
+                    if gap_share is not None:
+                        per_key = tile.sum_over_queries(gap_share)
+                        spread = lax.broadcast_in_dim(per_key, (n, n), [0])
+                        lane = lax.rem(i, n)
+                        hit = jnp.where(tile.t_local == lane, spread, 0.0).sum(axis=0)
+                        chunk = gap_s.at[lax.div(i, n)]
+                        chunk[...] = plgpu.load(chunk, layout=plgpu.Layout.WGMMA.reduce(0)) + hit
+                return dk, dv, tuple(col_acc)
+
+            if diagonal or not cfg.prunes:
+                state = compute(state)
+            else:
+                skip = _skip_tile(cfg, rows, cols, gap_scalar, beta_scalar)
+                state = lax.cond(skip, lambda s: s, compute, state)
+            if fpa and not diagonal:
+                gap_min, gap_mass = _gap_update(gap_min, gap_mass, rows.vec("bmin"),
+                                                rows.vec("bmass"), cfg.tau)
+                if cfg.prunes:
+                    gap_scalar = jnp.minimum(gap_scalar, rows.scalar("bmin"))
+            return state, gap_min, gap_mass, gap_scalar
+
+        zeros_tile = _zeros((n, head_dim), plgpu.Layout.WGMMA)
+        col_acc = tuple(_zeros((n,), plgpu.Layout.WGMMA.reduce(1)) for _ in out_names)
+        gap_min = gap_mass = gap_scalar = None
+        if fpa:
+            gap_min = jnp.full((n,), BIG, jnp.float32)
+            gap_min = plgpu.layout_cast(gap_min, plgpu.Layout.WGMMA.reduce(0))
+            gap_mass = _zeros((n,), plgpu.Layout.WGMMA.reduce(0))
+            gap_scalar = jnp.float32(BIG) if cfg.prunes else None
+        carry = ((zeros_tile, zeros_tile, col_acc), gap_min, gap_mass, gap_scalar)
+        carry = step(j, 0, carry, diagonal=True)
+        carry = lax.fori_loop(j + 1, end,
+                              lambda i, c: step(i, lax.rem(i - j, 2), c, diagonal=False), carry)
+        (dk, dv, col_acc), _, _, _ = carry
+
+        k_s[...] = (cfg.scale * dk).astype(k_s.dtype)
+        v_s[...] = dv.astype(v_s.dtype)
+        for index, acc in enumerate(col_acc):
+            colo_s.at[index][...] = acc
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(k_s, dk_ref.at[keys])
+        plgpu.copy_smem_to_gmem(v_s, dv_ref.at[keys])
+        if colo_ref is not None:
+            plgpu.copy_smem_to_gmem(colo_s, colo_ref.at[b, h, j])
+        if gapo_ref is not None:
+            plgpu.copy_smem_to_gmem(gap_s, gapo_ref.at[b, h, j])
+        plgpu.wait_smem_to_gmem(0)
+
+    dtype = q.dtype
+    scratch = [
+        _smem_tile(n, head_dim, dtype), _smem_tile(n, head_dim, dtype),
+        plgpu.SMEM((2, n, head_dim), dtype, transforms=_smem_tile(n, head_dim, dtype).transforms),
+        plgpu.SMEM((2, n, head_dim), dtype, transforms=_smem_tile(n, head_dim, dtype).transforms),
+        plgpu.SMEM((2, len(row_names), n), jnp.float32),
+        plgpu.SMEM((max(len(col_names), 1), n), jnp.float32),
+        plgpu.SMEM((2 * levels, n), jnp.float32) if fpa else None,
+        plgpu.SMEM((2 * levels, n), jnp.float32) if fpa else None,
+        plgpu.SMEM((1, n), jnp.float32) if fpa else None,
+        _smem_tile(n, n, dtype), _smem_tile(n, n, dtype),
+        plgpu.SMEM((max(len(out_names), 1), n), jnp.float32),
+        plgpu.SMEM((chunks, n), jnp.float32) if fpa else None,
+        plgpu.Barrier(num_barriers=12),
+    ]
+    return plgpu.kernel(
+        body, out_type=tuple(out_types), scratch_types=scratch,
+        grid=(heads, nb, batch), grid_names=("h", "kb", "b"),
+    )(q, k, v, dout, rowp, colp, rowd, cold, beta)
+
+
+def dq_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
+    """One program per (head, query block, batch): dq [B, Tp, H, D] and the row pack."""
+    batch, tp, heads, head_dim = q.shape
+    n = cfg.block
+    nb = tp // n
+    fpa = cfg.mode == "fpa"
+    row_names, col_names = cfg.row_names(), cfg.col_names()
+    out_names = cfg.row_out_names()
+    levels = cfg.diag_levels
+
+    out_types = [jax.ShapeDtypeStruct(q.shape, q.dtype)]
+    if out_names:
+        out_types.append(jax.ShapeDtypeStruct((batch, heads, nb, len(out_names), n), jnp.float32))
+
+    def body(*refs):
+        (q_ref, k_ref, v_ref, do_ref, rowp_ref, colp_ref, rowd_ref, cold_ref, beta_ref,
+         dq_ref, *rest) = refs
+        rowo_ref = rest.pop(0) if out_names else None
+        (q_s, do_s, k_s, v_s, rowp_s, colp_s, rowd_s, cold_s, beta_s, ds_s, rowo_s, bars) = rest
+        h = lax.axis_index("h")
+        i = nb - 1 - lax.axis_index("qb")  # longest rows first
+        b = lax.axis_index("b")
+        queries = (b, pl.ds(i * n, n), h)
+        plgpu.copy_gmem_to_smem(q_ref.at[queries], q_s, bars.at[0])
+        plgpu.copy_gmem_to_smem(do_ref.at[queries], do_s, bars.at[1])
+        plgpu.copy_gmem_to_smem(rowp_ref.at[b, h, i], rowp_s, bars.at[2])
+        if fpa:
+            plgpu.copy_gmem_to_smem(rowd_ref.at[b, h, i], rowd_s, bars.at[3])
+            plgpu.copy_gmem_to_smem(cold_ref.at[b, h, i], cold_s, bars.at[4])
+            plgpu.copy_gmem_to_smem(beta_ref.at[h], beta_s, bars.at[5])
+
+        def fetch(j, slot):
+            keys_at = (b, pl.ds(j * n, n), h)
+            plgpu.copy_gmem_to_smem(k_ref.at[keys_at], k_s.at[slot], bars.at[6 + slot])
+            plgpu.copy_gmem_to_smem(v_ref.at[keys_at], v_s.at[slot], bars.at[8 + slot])
+            plgpu.copy_gmem_to_smem(colp_ref.at[b, h, j], colp_s.at[slot], bars.at[10 + slot])
+
+        fetch(i, 0)
+        for index in range(3 + (3 if fpa else 0)):
+            plgpu.barrier_wait(bars.at[index])
+        beta = plgpu.load(beta_s.at[0], layout=plgpu.Layout.WGMMA.reduce(1)) if fpa else None
+        beta = lax.broadcast_in_dim(beta, (n, n), [0]) if fpa else None
+        rows = _Vectors(rowp_s, row_names, axis=0)
+        diag_cols = _Vectors(cold_s, ["suf"], axis=1) if fpa else None
+        diag_rows = _Vectors(rowd_s, ["pre"], axis=0) if fpa else None
+
+        beta_scalar = beta_s[0, 0] if fpa else None
+        if cfg.skips and cfg.segments:  # key blocks before the query block's first document
+            j_lo = lax.div(rows.scalar("seg").astype(jnp.int32), n)
+        else:
+            j_lo = 0
+
+        def step(j, slot, carry, diagonal):
+            state, gap_min, gap_mass, gap_scalar = carry
+
+            @pl.when(j - 1 >= j_lo)
+            def _():
+                plgpu.commit_smem()  # order the last step's reads of that slot before the TMA
+                fetch(j - 1, 1 - slot)
+
+            for index in (6, 8, 10):
+                plgpu.barrier_wait(bars.at[index + slot])
+            cols = _Vectors(colp_s.at[slot], col_names, axis=1)
+
+            def compute(state):
+                dq, row_acc = state
+                tile = _Tile(cfg, 0, rows, cols, beta)
+                scores = None
+                if cfg.content:
+                    scores = _matmul(q_s, k_s.at[slot].transpose((1, 0)), (n, n))
+                logits, extra = tile.logits_and_bias(scores, diagonal, diag_rows, diag_cols,
+                                                     gap_min)
+                mask = tile.mask(diagonal)
+                p = tile.probs(logits, mask)
+                dp = _matmul(do_s, v_s.at[slot].transpose((1, 0)), (n, n))
+                ds = p * (dp - tile.row("delta"))
+                if cfg.content:
+                    dq = dq + _matmul_lhs(cfg, ds, ds_s, k_s.at[slot], (n, head_dim))
+                row_acc = list(row_acc)
+                if cfg.mode == "separable":
+                    row_acc[0] = row_acc[0] + tile.sum_over_keys(ds)
+                elif fpa:
+                    coef, _, shares, _ = tile.fpa_shares(ds, mask, extra, diagonal, gap_min,
+                                                         gap_mass)
+                    at = 0
+                    if cfg.query_level:
+                        row_acc[0] = row_acc[0] - tile.sum_over_keys(coef)
+                        at = 1
+                    first = at if diagonal else at + levels
+                    for offset, (_, to_query) in enumerate(shares):
+                        row_acc[first + offset] = (row_acc[first + offset]
+                                                   + tile.sum_over_keys(to_query))
+                return dq, tuple(row_acc)
+
+            if diagonal or not cfg.prunes:
+                state = compute(state)
+            else:
+                skip = _skip_tile(cfg, rows, cols, gap_scalar, beta_scalar)
+                state = lax.cond(skip, lambda s: s, compute, state)
+            if fpa and not diagonal:
+                gap_min, gap_mass = _gap_update(gap_min, gap_mass, cols.vec("bmin"),
+                                                cols.vec("bmass"), cfg.tau)
+                if cfg.prunes:
+                    gap_scalar = jnp.minimum(gap_scalar, cols.scalar("bmin"))
+            return state, gap_min, gap_mass, gap_scalar
+
+        zeros_tile = _zeros((n, head_dim), plgpu.Layout.WGMMA)
+        row_acc = tuple(_zeros((n,), plgpu.Layout.WGMMA.reduce(1)) for _ in out_names)
+        gap_min = gap_mass = gap_scalar = None
+        if fpa:
+            gap_min = jnp.full((n,), BIG, jnp.float32)
+            gap_min = plgpu.layout_cast(gap_min, plgpu.Layout.WGMMA.reduce(0))
+            gap_mass = _zeros((n,), plgpu.Layout.WGMMA.reduce(0))
+            gap_scalar = jnp.float32(BIG) if cfg.prunes else None
+        carry = step(i, 0, ((zeros_tile, row_acc), gap_min, gap_mass, gap_scalar), diagonal=True)
+
+        def off_diagonal(m, c):
+            j = i - 1 - m
+            return step(j, lax.rem(m + 1, 2), c, diagonal=False)
+
+        (dq, row_acc), _, _, _ = lax.fori_loop(0, i - j_lo, off_diagonal, carry)
+        q_s[...] = (cfg.scale * dq).astype(q_s.dtype)
+        for index, acc in enumerate(row_acc):
+            rowo_s.at[index][...] = acc
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(q_s, dq_ref.at[queries])
+        if rowo_ref is not None:
+            plgpu.copy_smem_to_gmem(rowo_s, rowo_ref.at[b, h, i])
+        plgpu.wait_smem_to_gmem(0)
+
+    dtype = q.dtype
+    tile_transforms = _smem_tile(n, head_dim, dtype).transforms
+    scratch = [
+        _smem_tile(n, head_dim, dtype), _smem_tile(n, head_dim, dtype),
+        plgpu.SMEM((2, n, head_dim), dtype, transforms=tile_transforms),
+        plgpu.SMEM((2, n, head_dim), dtype, transforms=tile_transforms),
+        plgpu.SMEM((len(row_names), n), jnp.float32),
+        plgpu.SMEM((2, max(len(col_names), 1), n), jnp.float32),
+        plgpu.SMEM((2 * levels, n), jnp.float32) if fpa else None,
+        plgpu.SMEM((2 * levels, n), jnp.float32) if fpa else None,
+        plgpu.SMEM((1, n), jnp.float32) if fpa else None,
+        _smem_tile(n, n, dtype),
+        plgpu.SMEM((max(len(out_names), 1), n), jnp.float32),
+        plgpu.Barrier(num_barriers=12),
+    ]
+    return plgpu.kernel(
+        body, out_type=tuple(out_types), scratch_types=scratch,
+        grid=(heads, nb, batch), grid_names=("h", "qb", "b"),
+    )(q, k, v, dout, rowp, colp, rowd, cold, beta)

@@ -1,0 +1,14 @@
+"""Registers the Pallas attention kernels as the "pallas" entry of the attention ops.
+
+Imported as the last line of fpa_jax/__init__.py (importing it from kernels_pallas/__init__.py
+would be circular, see notes/API.md "Dispatch").
+"""
+
+from fpa_jax.baselines import fox, softmax
+from fpa_jax.fpa import api
+from kernels_pallas.attention.vjp import fox_pallas, fpa_pallas, pallas_supports, softmax_pallas
+
+for _registry, _fn in ((api.REGISTRY, fpa_pallas), (fox.REGISTRY, fox_pallas),
+                       (softmax.REGISTRY, softmax_pallas)):
+    if "pallas" not in _registry.names():
+        _registry.register("pallas", _fn, supports=pallas_supports)

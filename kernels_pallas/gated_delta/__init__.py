@@ -1,0 +1,1 @@
+"""Pallas Mosaic GPU kernels for the chunked gated delta rule (see `state_kernels`)."""

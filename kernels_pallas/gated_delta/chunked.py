@@ -1,0 +1,179 @@
+"""Chunked gated delta rule with the state recurrence in Pallas Mosaic GPU kernels.
+
+Same math and layout as `gdn_jax.ops.chunk` (chunk C = 64, WY form). XLA computes everything
+that is independent per chunk (batched over all chunks; `wy.prepare_chunks`): gamma, Gamma, A,
+(I + A)^{-1}, W, U, the intra-chunk attention, and the outputs from the entering states
+
+    O_c = diag(e) Q_c S_c + (Q_c K_c^T ⊙ Gamma) (U_c - W_c S_c)
+
+The sequential part, S_{c+1} = rho_c S_c + Kw_c^T (U_c - W_c S_c) with Kw_c = diag(Gamma_{C,:})
+K_c and rho_c = e_C, runs in `state_kernels.forward_states`; its `jax.custom_vjp` backward runs
+the reverse recurrence in `state_kernels.backward_states` and forms, batched over chunks,
+
+    dW_c = -dU_c S_c^T   dKw_c = (U_c - W_c S_c) lambda_{c+1}^T   drho_c = <S_c, lambda_{c+1}>
+
+    q, k [B, T, H, K]   v [B, T, HV, V]   g, beta [B, T, HV]   S [B, HV, K, V] float32
+    internals chunk-major: Kw, W [N, B, HV, C, K] (16-bit), U [N, B, HV, C, V] float32
+
+Residuals: the entering states [N, B, HV, K, V] float32 (as the "xla" path saves) plus the
+inputs; the intra-chunk part is recomputed in the backward pass (`jax.checkpoint`).
+Matrix operands of the kernels are 16-bit (bf16/f16: the dtype of q and k); float32 inputs run
+only in interpret mode (tests), with float32 operands.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from gdn_jax.ops.chunk import _document_masks, _pad_time, _to_chunks
+from gdn_jax.ops.naive import compute_dtype
+from kernels_pallas.gated_delta import state_kernels, wy
+from kernels_pallas.interpret import interpret_active
+
+CHUNK = 64
+
+
+def _manual_axes(*arrays):
+    """Mesh axes over which any of the arrays varies inside `shard_map` (empty outside)."""
+    def varying(x):
+        aval = jax.typeof(x)
+        manual = getattr(aval, "manual_axis_type", None)       # jax 0.11; `vma` in others
+        return frozenset(manual.varying if manual is not None else getattr(aval, "vma", ()))
+    return frozenset().union(*(varying(x) for x in arrays))
+
+
+def _varying(arrays, axes):
+    """Mark each array as varying over `axes` (a kernel's outputs know no `shard_map` axes)."""
+    return tuple(x if not (missing := axes - _manual_axes(x))
+                 else jax.lax.pcast(x, tuple(sorted(missing)), to="varying") for x in arrays)
+
+
+def _folding_batch_axes(kernel, in_axes, out_axes):
+    """`kernel` with a vmap rule that folds the mapped axis into each array's batch axis
+    (`in_axes` / `out_axes`: where B sits), so a vmapped call is one launch of the kernel;
+    inside `shard_map` its outputs vary over the manual axes its inputs vary over."""
+
+    @jax.custom_batching.custom_vmap
+    def call(*arrays):
+        return kernel(*arrays)
+
+    @call.def_vmap
+    def _rule(axis_size, in_batched, *arrays):
+        folded = []
+        for x, batched, axis in zip(arrays, in_batched, in_axes):
+            x = x if batched else jnp.broadcast_to(x, (axis_size, *x.shape))
+            x = jnp.moveaxis(x, 0, axis)                      # [..., X, B, ...]
+            folded.append(x.reshape(*x.shape[:axis], -1, *x.shape[axis + 2:]))
+        outs = []
+        for y, axis in zip(call(*folded), out_axes):
+            y = y.reshape(*y.shape[:axis], axis_size, -1, *y.shape[axis + 1:])
+            outs.append(jnp.moveaxis(y, axis, 0))
+        return tuple(outs), (True,) * len(outs)
+
+    def run(*arrays):   # inside shard_map: outputs vary over the inputs' manual axes
+        return _varying(call(*arrays), _manual_axes(*arrays))
+
+    return run
+
+
+@functools.cache
+def _kernels(tiling):
+    """(forward, backward) state kernels for one tiling, batchable by vmap."""
+    forward = _folding_batch_axes(
+        functools.partial(state_kernels.forward_states, tiling=tiling),
+        in_axes=(1, 1, 1, 0, 0), out_axes=(1, 0))
+    backward = _folding_batch_axes(
+        functools.partial(state_kernels.backward_states, tiling=tiling),
+        in_axes=(1, 1, 1, 0, 0), out_axes=(1, 1, 0))
+    return forward, backward
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
+def state_recurrence(kw, w, u, rho, s0, tiling):
+    """(entering states [N, B, HV, K, V], final state [B, HV, K, V]); see module docstring."""
+    return _kernels(tiling)[0](kw, w, u, rho, s0)
+
+
+def _state_recurrence_fwd(kw, w, u, rho, s0, tiling):
+    states, final = _kernels(tiling)[0](kw, w, u, rho, s0)
+    return (states, final), (kw, w, u, rho, states)
+
+
+def _state_recurrence_bwd(tiling, residuals, cotangents):
+    kw, w, u, rho, states = residuals
+    d_states, d_final = cotangents
+    lambdas, d_u, d_s0 = _kernels(tiling)[1](kw, w, d_states, rho, d_final)
+    d_w = -jnp.einsum("nbhcv,nbhkv->nbhck", d_u, states)
+    new_values = u - jnp.einsum("nbhck,nbhkv->nbhcv", w.astype(jnp.float32), states)
+    d_kw = jnp.einsum("nbhcv,nbhkv->nbhck", new_values, lambdas)
+    d_rho = jnp.einsum("nbhkv,nbhkv->bhn", states, lambdas)
+    d_rho = jnp.pad(d_rho, [(0, 0), (0, 0), (0, rho.shape[-1] - d_rho.shape[-1])])
+    return d_kw.astype(kw.dtype), d_w.astype(w.dtype), d_u, d_rho, d_s0
+
+
+state_recurrence.defvjp(_state_recurrence_fwd, _state_recurrence_bwd)
+
+
+def operand_dtype(q, k):
+    """The dtype of the kernels' matrix operands W and Kw (derived from q and k): bf16 or
+    f16 as the inputs; float32 only for interpret mode. U and the state stay float32."""
+    dtype = jnp.result_type(q.dtype, k.dtype)
+    return dtype if dtype in (jnp.bfloat16, jnp.float16) else jnp.dtype(jnp.float32)
+
+
+def chunked_forward_pallas(q, k, v, g, beta, *, scale, initial_state, segment_ids,
+                           value_tile=None):
+    """Gated delta rule with the kernels; inputs validated (see `gdn_jax.ops.api`).
+
+    Returns (out [B, T, HV, V], final_state [B, HV, K, V]), both float32.
+    """
+    batch, seq_len, num_heads, key_dim = q.shape
+    num_v_heads, value_dim = v.shape[2], v.shape[3]
+    group = num_v_heads // num_heads
+    num_chunks = -(-seq_len // CHUNK)
+    pad = num_chunks * CHUNK - seq_len
+    dtype = compute_dtype(q, k, v, g, beta, initial_state)
+    op_dtype = operand_dtype(q, k)
+    if op_dtype == jnp.float32 and not interpret_active():
+        raise ValueError(f"q, k: the pallas kernels need bf16 or fp16 (16-bit tensor-core "
+                         f"operands), got {q.dtype}, {k.dtype}")
+    tiling = state_kernels.choose_tiling(num_chunks, CHUNK, key_dim, value_dim, op_dtype,
+                                         value_tile=value_tile)
+
+    def chunk_major(x, inner_shape, permutation):
+        x = _to_chunks(_pad_time(x.astype(dtype), pad), num_chunks, CHUNK)
+        return x.reshape(batch, num_chunks, CHUNK, *inner_shape).transpose(permutation)
+
+    q = chunk_major(q, (num_heads, key_dim), (1, 0, 3, 2, 4)) * scale       # [N, B, H, C, K]
+    k = chunk_major(k, (num_heads, key_dim), (1, 0, 3, 2, 4))
+    v = chunk_major(v, (num_heads, group, value_dim), (1, 0, 3, 4, 2, 5))   # [N, B, H, G, C, V]
+    g = chunk_major(g, (num_heads, group), (1, 0, 3, 4, 2))                # [N, B, H, G, C]
+    beta = chunk_major(beta, (num_heads, group), (1, 0, 3, 4, 2))
+    same_document, sees_entering_state = _document_masks(segment_ids, batch, num_chunks, CHUNK)
+    if initial_state is None:
+        state = jnp.zeros((batch, num_v_heads, key_dim, value_dim), jnp.float32)
+    else:
+        state = initial_state.astype(jnp.float32)
+
+    (entering_decay, state_weights, base_values, attention, weighted_keys,
+     carry_decay) = jax.checkpoint(wy.prepare_chunks)(q, k, v, g, beta, same_document,
+                                                      sees_entering_state)
+
+    def value_heads(x):           # [N, B, H, G, ...] -> [N, B, HV, ...]
+        return x.reshape(num_chunks, batch, num_v_heads, *x.shape[4:])
+
+    rho = jnp.moveaxis(value_heads(carry_decay), 0, -1).astype(jnp.float32)   # [B, HV, N]
+    rho = jnp.pad(rho, [(0, 0), (0, 0), (0, state_kernels.padded_chunks(num_chunks) - num_chunks)])
+    recurrence_inputs = (value_heads(weighted_keys).astype(op_dtype),
+                         value_heads(state_weights).astype(op_dtype),
+                         value_heads(base_values).astype(jnp.float32), rho, state)
+    states, final_state = state_recurrence(
+        *_varying(recurrence_inputs, _manual_axes(*recurrence_inputs)), tiling)
+    states = states.reshape(num_chunks, batch, num_heads, group, key_dim, value_dim).astype(dtype)
+
+    new_values = base_values - jnp.einsum("nbhgck,nbhgkv->nbhgcv", state_weights, states)
+    out = (entering_decay[..., None] * jnp.einsum("nbhck,nbhgkv->nbhgcv", q, states)
+           + jnp.einsum("nbhgij,nbhgjv->nbhgiv", attention, new_values))
+    out = out.transpose(1, 0, 4, 2, 3, 5).reshape(batch, num_chunks * CHUNK, num_v_heads, value_dim)
+    return out[:, :seq_len], final_state.astype(dtype)

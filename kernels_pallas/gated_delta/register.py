@@ -1,0 +1,50 @@
+"""Registers the "pallas" entry of `gdn_jax.ops.api.REGISTRY` (op "gated_delta_rule").
+
+Runs on a Hopper GPU (or the CPU in GPU interpret mode, for tests) with bf16/fp16 q and k
+(float32 only when interpreting), K and V in {64, 128, 256} and chunk_size 64; otherwise
+`supports` says why not and the default (implementation=None) falls back to "xla".
+"""
+
+import jax.numpy as jnp
+
+from gdn_jax.ops import api
+from kernels_pallas.gated_delta import chunked, state_kernels
+from kernels_pallas.interpret import interpret_active
+from kernels_pallas.registry import is_hopper
+
+_SIXTEEN_BIT = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+
+
+def supports(**facts):
+    """None if the kernels run on these inputs, else the reason."""
+    interpreting = interpret_active()
+    if not (is_hopper(facts) or interpreting):
+        return (f"needs a Hopper GPU (compute capability 9.0), got platform "
+                f"{facts.get('platform')} (compute capability {facts.get('compute_capability')})")
+    dtype = jnp.dtype(facts.get("dtype", jnp.float32))
+    if dtype not in _SIXTEEN_BIT and not interpreting:
+        return f"needs bf16 or fp16 q and k (16-bit tensor-core operands), got {dtype}"
+    key_dim, value_dim = facts.get("head_dim"), facts.get("value_head_dim")
+    if key_dim not in state_kernels.SUPPORTED_DIMS or value_dim not in state_kernels.SUPPORTED_DIMS:
+        return (f"needs K and V in {state_kernels.SUPPORTED_DIMS}, got K = {key_dim}, "
+                f"V = {value_dim}")
+    if facts.get("chunk_size") != chunked.CHUNK:
+        return f"needs chunk_size {chunked.CHUNK}, got {facts.get('chunk_size')}"
+    try:
+        state_kernels.choose_tiling(-(-facts["seq_len"] // chunked.CHUNK), chunked.CHUNK,
+                                    key_dim, value_dim, dtype)
+    except ValueError as error:
+        return str(error)
+    return None
+
+
+def gated_delta_rule_pallas(q, k, v, g, beta, *, scale, initial_state, segment_ids, chunk_size):
+    """The registry's `fn`: (out [B, T, HV, V] float32, final_state [B, HV, K, V] float32)."""
+    if chunk_size != chunked.CHUNK:
+        raise ValueError(f"chunk_size: the pallas kernels need {chunked.CHUNK}, got {chunk_size}")
+    return chunked.chunked_forward_pallas(q, k, v, g, beta, scale=scale,
+                                          initial_state=initial_state, segment_ids=segment_ids)
+
+
+if "pallas" not in api.REGISTRY.names():
+    api.REGISTRY.register("pallas", gated_delta_rule_pallas, supports=supports)
