@@ -5,7 +5,7 @@ timings against cuDNN and the "xla" paths, with achieved TFLOP/s and pruned tile
 
 1. Small checks (T = 200, bf16, every bias mode, segments, head dims --small-dims) of the
    forward kernel's out and lse against a dense float32 oracle computed here.
-2. Per shape (default: the BENCHMARKS.md shapes, bf16): the forward kernel alone with pruning
+2. Per shape (default: the docs/benchmarks.md shapes, bf16): the forward kernel alone with pruning
    on / off, the fraction of off-diagonal tiles it pruned, its relative L2 error against the
    ops' "xla" paths (and cuDNN for softmax).
 3. Per shape, unless --kernel-only: forward and forward+backward of the public ops
@@ -48,7 +48,7 @@ except Exception:  # noqa: BLE001
         return float(np.median(times))
 
 
-DEFAULT_SHAPES = ["4,4096,12,64", "1,16384,12,64", "8,2048,16,128"]  # BENCHMARKS.md
+DEFAULT_SHAPES = ["4,4096,12,64", "1,16384,12,64", "8,2048,16,128"]  # docs/benchmarks.md
 
 
 def make_inputs(shape, seed, dtype=jnp.bfloat16):

@@ -8,7 +8,7 @@
 `supports(**facts)` returns None when the entry can run on those inputs (platform, dtype, head
 dim, ...) and otherwise a short reason. `select(None, ...)` walks `default_order` and returns
 the first entry that supports the inputs; entries left out of the order (the dense
-"reference" oracles) are never chosen by default. An explicit name that cannot run raises
+"reference" oracles) and entries registered `explicit_only` are never chosen by default. An explicit name that cannot run raises
 `UnsupportedImplementationError` with the entry's reason; an unknown name raises ValueError
 listing the known ones. `check_name` is the load-time check the trainer's config uses.
 
@@ -38,6 +38,7 @@ class Entry:
     name: str
     fn: Callable
     supports: Supports = always
+    explicit_only: Optional[str] = None  # why the default must not pick it (None: it may)
 
 
 class Registry:
@@ -48,10 +49,13 @@ class Registry:
         self.default_order = tuple(default_order)
         self._entries: dict[str, Entry] = {}
 
-    def register(self, name: str, fn: Callable, supports: Supports = always) -> None:
+    def register(self, name: str, fn: Callable, supports: Supports = always,
+                 explicit_only: Optional[str] = None) -> None:
+        """Add an entry. `explicit_only`: a reason to keep the default from choosing it (for
+        example a kernel not yet validated on hardware); it still runs when named."""
         if name in self._entries:
             raise ValueError(f"{self.op_name}: implementation {name!r} is already registered")
-        self._entries[name] = Entry(name, fn, supports)
+        self._entries[name] = Entry(name, fn, supports, explicit_only)
 
     def names(self) -> tuple[str, ...]:
         return tuple(self._entries)
@@ -82,7 +86,7 @@ class Registry:
             entry = self._entries.get(name)
             if entry is None:
                 continue
-            reason = entry.supports(**facts)
+            reason = entry.explicit_only or entry.supports(**facts)
             if reason is None:
                 return name, entry.fn
             reasons.append(f"{name}: {reason}")

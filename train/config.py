@@ -75,7 +75,7 @@ class AttentionConfig:
     rope_base: float = 10000.0
     implementation: str | None = None
     no_bias_layers: tuple[int, ...] = ()   # FPA layers (0-based model layer index) without bias
-    # FPA variants (FPA.md "Ablations")
+    # FPA variants (docs/fpa.md, "Special cases")
     stack_form: bool = False
     key_level: bool = True
     query_level: bool = False

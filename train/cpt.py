@@ -1,4 +1,4 @@
-"""SpectralShift continued pretraining from a reference run (docs: GDN.md, SpectralShift).
+"""SpectralShift continued pretraining from a reference run (docs/gdn.md, "SpectralShift").
 
     s = (l_ref / l_tar) ** k              l_ref: cpt.l_ref or the reference run's seq_len,
                                           l_tar: cpt.l_tar or this run's seq_len

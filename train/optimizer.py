@@ -12,7 +12,7 @@
                  conv taps and vectors by its internal AdamW) | sgd (plain, for tests and probes)
 
 The alpha scale is a group learning rate, not a gradient multiplier, so it survives Adam's
-normalisation (GDN.md, SpectralShift).
+normalisation (docs/gdn.md, "SpectralShift").
 """
 
 from __future__ import annotations

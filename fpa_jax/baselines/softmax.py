@@ -11,7 +11,7 @@ row_bias_t = -slope t and col_bias_s = -slope s (absolute positions; only t - s 
 inside a packed document).
 
 Implementations (`REGISTRY`, op name "softmax_attention"; default order
-("pallas", "cudnn", "xla")):
+("cudnn", "pallas", "xla"); cuDNN first, the fastest causal softmax on a GPU):
   "reference"  dense masked softmax (never chosen by default)
   "xla"        blocked flash path (flash_xla.py); runs everywhere
   "cudnn"      jax.nn.dot_product_attention(implementation="cudnn", is_causal=True), several
@@ -86,7 +86,7 @@ def cudnn_supports(*, platform, dtype, head_dim, value_head_dim, has_segment_ids
     return None
 
 
-REGISTRY = Registry("softmax_attention", default_order=("pallas", "cudnn", "xla"))
+REGISTRY = Registry("softmax_attention", default_order=("cudnn", "pallas", "xla"))
 REGISTRY.register("reference", _reference)
 REGISTRY.register("xla", _xla)
 REGISTRY.register("cudnn", _cudnn, supports=cudnn_supports)

@@ -1,4 +1,4 @@
-"""FPA: softmax attention with a field/level path-minimum bias (see FPA.md)."""
+"""FPA: softmax attention with a field/level path-minimum bias (see docs/fpa.md)."""
 
 from fpa_jax.fpa.api import fpa_attention
 from fpa_jax.fpa.decoding import FPACache, decode_step, init_cache, live_fraction

@@ -1,7 +1,7 @@
 """Public FPA attention entry point: argument checks, then dispatch through `REGISTRY`.
 
     out_t = sum_{s <= t} softmax_s(scale * <q_t, k_s> + b_ts) v_s,
-    b_ts  = beta * min(0, min_{s<u<=t} phi_u - psi_s)                  (FPA.md)
+    b_ts  = beta * min(0, min_{s<u<=t} phi_u - psi_s)                  (docs/fpa.md)
 
 Implementations (`REGISTRY`, op name "fpa_attention"; default order ("pallas", "xla")):
   "reference"  dense T x T oracle (fpa_jax.fpa.reference); never chosen by default

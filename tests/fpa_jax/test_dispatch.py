@@ -50,7 +50,7 @@ CALLS = {
 DEFAULT_ORDERS = {
     "fpa_attention": ("pallas", "xla"),
     "fox_attention": ("pallas", "xla"),
-    "softmax_attention": ("pallas", "cudnn", "xla"),
+    "softmax_attention": ("cudnn", "pallas", "xla"),
     "selective_attention": ("reference",),
     "dcp_attention": ("reference",),
     "dipsum_attention": ("reference",),
