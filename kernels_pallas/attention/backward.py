@@ -93,7 +93,7 @@ def kernel_config(bias, scale, segment_ids, length, block=BLOCK, prune=False,
                         lhs_in_registers=bool(lhs_in_registers))
 
 
-def document_ends(segment_ids, padded, n):
+def document_end_index(segment_ids, padded, n):
     """[B, T] contiguous document ids -> [B, Tp] float32: per key block, the last position of
     the document of its last real key (repeated over the block)."""
     length = segment_ids.shape[1]
@@ -176,7 +176,7 @@ def prepare(cfg, q, k, v, out, lse, dout, bias, segment_ids):
         cold = _pack(interleave(suf_min, suf_mass), n)
         beta = jnp.broadcast_to(bias.beta.astype(jnp.float32)[:, None, None], (heads, 1, n))
     if cfg.skips and segment_ids is not None:
-        ends = document_ends(segment_ids, padded, n)
+        ends = document_end_index(segment_ids, padded, n)
         vectors["dend"] = jnp.broadcast_to(ends[:, None, :], (batch, heads, padded))
     if cfg.prunes:
         vectors.update(_pruning_vectors(cfg, qp, kp, vectors, length))

@@ -105,3 +105,15 @@ def test_vmap_of_grad_matches_reference():
     want = grads("reference")(q, k, v, log_forget)
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
+
+
+def test_default_does_not_pick_the_attention_kernel_until_validated_on_a_gpu():
+    """Explicit-only: even where "pallas" supports the inputs, None takes the next default."""
+    from fpa_jax.fpa import api
+    from kernels_pallas.attention.register import NOT_VALIDATED
+    with interpret.gpu_interpret():
+        facts = dict(dtype=jnp.dtype(jnp.bfloat16), head_dim=64, value_head_dim=64)
+        assert api.REGISTRY.reason_unsupported("pallas", platform="cpu",
+                                               compute_capability=None, **facts) is None
+        name, _ = api.REGISTRY.select(None, platform="cpu", compute_capability=None, **facts)
+    assert name == "xla" and "validated" in NOT_VALIDATED
