@@ -22,7 +22,6 @@ import argparse
 import json
 import os
 import sys
-import time
 import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -34,18 +33,7 @@ import numpy as np  # noqa: E402
 from kernels_pallas.attention.bias import FPABias, NoBias, SeparableBias  # noqa: E402
 from kernels_pallas.attention.forward import attention_forward  # noqa: E402
 
-try:
-    from benchmarks.timing import jax_median_ms
-except Exception:  # noqa: BLE001
-    def jax_median_ms(fn, *args, warmup=3, repeats=10):
-        for _ in range(warmup):
-            jax.block_until_ready(fn(*args))
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            jax.block_until_ready(fn(*args))
-            times.append((time.perf_counter() - start) * 1e3)
-        return float(np.median(times))
+from benchmarks.timing import jax_median_ms  # noqa: E402
 
 
 DEFAULT_SHAPES = ["4,4096,12,64", "1,16384,12,64", "8,2048,16,128"]  # docs/benchmarks.md

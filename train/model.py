@@ -83,18 +83,10 @@ def build_mixer(config: Config, layer_index: int, name: str | None) -> nn.Module
     raise ValueError(f"attention.kind: unknown {a.kind!r}")
 
 
-class RMSNorm(nn.Module):
-    eps: float = 1e-6
-    dtype: Any = jnp.float32
-    param_dtype: Any = jnp.float32
-
-    @nn.compact
-    def __call__(self, x: jax.Array) -> jax.Array:
-        scale = self.param("scale", nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),
-                           (x.shape[-1],), self.param_dtype)
-        x32 = x.astype(jnp.float32)
-        normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
-        return (normed * scale.astype(jnp.float32)).astype(self.dtype)
+def rms_norm(eps: float, dtype: Any, param_dtype: Any, name: str) -> nn.RMSNorm:
+    """Flax's RMSNorm (float32 statistics) with its scale on the logical axis "embed"."""
+    return nn.RMSNorm(epsilon=eps, dtype=dtype, param_dtype=param_dtype, name=name,
+                      scale_init=nn.with_logical_partitioning(nn.initializers.ones, ("embed",)))
 
 
 class SwiGLU(nn.Module):
@@ -125,10 +117,10 @@ class Block(nn.Module):
         m = self.config.model
         dtype, param_dtype = _dtype(m.dtype), _dtype(m.param_dtype)
         mixer = build_mixer(self.config, self.layer_index, name="mixer")
-        h = RMSNorm(m.norm_eps, dtype, param_dtype, name="mixer_norm")(x)
+        h = rms_norm(m.norm_eps, dtype, param_dtype, name="mixer_norm")(x)
         h = mixer(h, segment_ids=segment_ids, positions=positions)
         x = constrain(x + h.astype(x.dtype), ACTIVATION_AXES)
-        h = RMSNorm(m.norm_eps, dtype, param_dtype, name="mlp_norm")(x)
+        h = rms_norm(m.norm_eps, dtype, param_dtype, name="mlp_norm")(x)
         h = SwiGLU(self.config.mlp_dim(), m.init_std, dtype, param_dtype, name="mlp")(h)
         return constrain(x + h.astype(x.dtype), ACTIVATION_AXES)
 
@@ -159,7 +151,7 @@ class LanguageModel(nn.Module):
         block_class = nn.remat(Block) if m.remat else Block
         for index in range(m.num_layers):
             x = block_class(self.config, index, name=f"layers_{index}")(x, segment_ids, positions)
-        x = RMSNorm(m.norm_eps, dtype, param_dtype, name="final_norm")(x)
+        x = rms_norm(m.norm_eps, dtype, param_dtype, name="final_norm")(x)
         if m.tie_embeddings:
             logits = embedding.attend(x)
         else:

@@ -32,34 +32,8 @@ from kernels_pallas.attention import backward_fields as fields
 from kernels_pallas.attention.bias import FPABias, NoBias, SeparableBias
 from kernels_pallas.attention.backward_kernels import (BIG, BLOCK, KernelConfig, dkv_kernel,
                                                        dq_kernel)
-from kernels_pallas.attention.forward import pruning_margin
-
-
-def _pad_time(x, length, axis, value=0.0):
-    pad = length - x.shape[axis]
-    if pad == 0:
-        return x
-    widths = [(0, 0)] * x.ndim
-    widths[axis] = (0, pad)
-    return jnp.pad(x, widths, constant_values=value)
-
-
-def _heads_major(x, padded, value=0.0, edge=False):
-    """[B, T, H] -> [B, H, Tp] float32."""
-    x = jnp.moveaxis(x.astype(jnp.float32), 1, 2)
-    if edge and padded > x.shape[-1]:
-        return jnp.pad(x, ((0, 0), (0, 0), (0, padded - x.shape[-1])), mode="edge")
-    return _pad_time(x, padded, 2, value)
-
-
-def document_start_index(segment_ids, padded):
-    """[B, T] ids of contiguous documents -> [B, Tp] float32 index of each document's start."""
-    length = segment_ids.shape[1]
-    positions = jnp.arange(length)
-    change = jnp.concatenate([jnp.ones_like(segment_ids[:, :1], bool),
-                              segment_ids[:, 1:] != segment_ids[:, :-1]], axis=1)
-    starts = jax.lax.cummax(jnp.where(change, positions, 0), axis=1).astype(jnp.float32)
-    return _pad_time(starts, padded, 1, -1.0)
+from kernels_pallas.attention.forward import (document_start_index, heads_major, pad_time,
+                                              pruning_margin)
 
 
 def _pack(rows, n):
@@ -145,24 +119,24 @@ def prepare(cfg, q, k, v, out, lse, dout, bias, segment_ids):
     n = cfg.block
     padded = -(-length // n) * n
     nb = padded // n
-    time_pad = lambda x: _pad_time(x, padded, 1)
+    time_pad = lambda x: pad_time(x, padded, 1)
     qp, kp, vp = (time_pad(x) for x in (q, k, v))
     dop = time_pad(dout.astype(q.dtype))
     delta = jnp.einsum("bthd,bthd->bht", dout.astype(jnp.float32), out.astype(jnp.float32))
-    vectors = {"lse": _pad_time(lse.astype(jnp.float32), padded, 2, jnp.inf),
-               "delta": _pad_time(delta, padded, 2)}
+    vectors = {"lse": pad_time(lse.astype(jnp.float32), padded, 2, jnp.inf),
+               "delta": pad_time(delta, padded, 2)}
     if segment_ids is not None:
         starts = document_start_index(segment_ids, padded)
         vectors["seg"] = jnp.broadcast_to(starts[:, None, :], (batch, heads, padded))
     if cfg.mode == "separable":
-        vectors["row"] = _heads_major(bias.row, padded)
-        vectors["col"] = _heads_major(bias.col, padded)
+        vectors["row"] = heads_major(bias.row, padded)
+        vectors["col"] = heads_major(bias.col, padded)
     rowd = cold = jnp.zeros((1, 1, 1, 1, n), jnp.float32)
     beta = jnp.zeros((1, 1, n), jnp.float32)
     phi = None
     if cfg.mode == "fpa":
-        phi = _heads_major(bias.phi, padded, edge=True)
-        vectors["psi"] = _heads_major(bias.psi, padded)
+        phi = heads_major(bias.phi, padded, edge=True)
+        vectors["psi"] = heads_major(bias.psi, padded)
         pre_min, pre_mass, suf_min, suf_mass = fields.level_stats(phi, n, cfg.tau)
         top = cfg.diag_levels  # the block level
         vectors.update(pre_min=pre_min[:, :, top], pre_mass=pre_mass[:, :, top],

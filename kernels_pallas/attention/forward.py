@@ -44,7 +44,7 @@ def pruning_margin(length: int) -> float:
     return 10.0 + math.log(max(length, 1))
 
 
-def _pad_time(x, length, axis, value=0.0):
+def pad_time(x, length, axis, value=0.0):
     pad = length - x.shape[axis]
     if pad == 0:
         return x
@@ -53,12 +53,12 @@ def _pad_time(x, length, axis, value=0.0):
     return jnp.pad(x, widths, constant_values=value)
 
 
-def _heads_major(x, padded, value=0.0, edge=False):
+def heads_major(x, padded, value=0.0, edge=False):
     """[B, T, H] -> [B, H, Tp] float32."""
     x = jnp.moveaxis(x.astype(jnp.float32), 1, 2)
     if edge and padded > x.shape[-1]:
         return jnp.pad(x, ((0, 0), (0, 0), (0, padded - x.shape[-1])), mode="edge")
-    return _pad_time(x, padded, 2, value)
+    return pad_time(x, padded, 2, value)
 
 
 def _blocks(x, n):
@@ -80,13 +80,14 @@ def _group_minima(phi, group):
     return pre.reshape(phi.shape), suf.reshape(phi.shape)
 
 
-def _document_starts(segment_ids, padded):
-    """[B, T] contiguous document ids -> [B, Tp] float32 index of each row's document start."""
+def document_start_index(segment_ids, padded):
+    """[B, T] contiguous document ids -> [B, Tp] float32 index of each row's document start
+    (-1 on padding rows)."""
     positions = jnp.arange(segment_ids.shape[1])
     change = jnp.concatenate([jnp.ones_like(segment_ids[:, :1], bool),
                               segment_ids[:, 1:] != segment_ids[:, :-1]], axis=1)
     starts = jax.lax.cummax(jnp.where(change, positions, 0), axis=1).astype(jnp.float32)
-    return _pad_time(starts, padded, 1, -1.0)
+    return pad_time(starts, padded, 1, -1.0)
 
 
 def _pack(vectors, names, n):
@@ -152,11 +153,11 @@ def attention_forward(q, k, v, bias=NoBias(), *, scale: float,
                         p_in_registers=bool(p_in_registers) if p_in_registers is not None
                         else not interpret_active() and q.dtype != jnp.float32)
 
-    qp, kp, vp = (_pad_time(x, padded, 1) for x in (q, k, v))
+    qp, kp, vp = (pad_time(x, padded, 1) for x in (q, k, v))
     real = (jnp.arange(padded) < length)[None, None, :]
     vec = {}
     if segment_ids is not None:
-        starts = _document_starts(segment_ids, padded)
+        starts = document_start_index(segment_ids, padded)
         vec["start"] = jnp.broadcast_to(starts[:, None, :], (batch, heads, padded))
     if prune:
         q32 = jnp.moveaxis(qp.astype(jnp.float32), 1, 2)  # [B, H, Tp, D]
@@ -171,15 +172,15 @@ def attention_forward(q, k, v, bias=NoBias(), *, scale: float,
         vec["qn"] = _per_block(_blocks(qn, n).max(-1), n)
         vec["kn"] = _per_block(_blocks(kn, n).max(-1), n)
     if mode == "separable":
-        vec["row"] = _heads_major(bias.row, padded)
-        vec["col"] = _heads_major(bias.col, padded)
+        vec["row"] = heads_major(bias.row, padded)
+        vec["col"] = heads_major(bias.col, padded)
         if prune:
             vec["rmax"] = _per_block(_masked_block(vec["row"], real, n, jnp.max, -BIG), n)
             vec["cmin"] = _per_block(_blocks(vec["col"], n).min(-1), n)
         vec["row"], vec["col"] = vec["row"] * LOG2E, vec["col"] * LOG2E  # the kernel's base 2
     elif fpa:
-        phi = _heads_major(bias.phi, padded, edge=True)
-        psi = _heads_major(bias.psi, padded)
+        phi = heads_major(bias.phi, padded, edge=True)
+        psi = heads_major(bias.psi, padded)
         vec["pre"], vec["suf"] = _group_minima(phi, n)
         vec["bmin"] = _per_block(_blocks(phi, n).min(-1), n)
         vec["beta"] = jnp.broadcast_to(bias.beta.astype(jnp.float32)[None, :, None],
