@@ -18,7 +18,7 @@ from fpa_jax.fpa import checks
 def document_starts(segment_ids):
     """[B, T] bool: True where a new document begins (and at t = 0)."""
     change = segment_ids[:, 1:] != segment_ids[:, :-1]
-    return jnp.concatenate([jnp.ones_like(change[:, :1]), change], axis=1)
+    return jnp.concatenate([jnp.ones((segment_ids.shape[0], 1), bool), change], axis=1)
 
 
 def segment_cumsum(x, segment_ids):

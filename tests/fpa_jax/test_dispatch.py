@@ -162,6 +162,7 @@ def test_document_starts_mark_every_document_start_including_t0():
     segment_ids = jnp.asarray([[4, 4, 7, 7, 7], [1, 2, 2, 3, 3]], jnp.int32)
     np.testing.assert_array_equal(document_starts(segment_ids),
                                   [[1, 0, 1, 0, 0], [1, 1, 0, 1, 0]])
+    np.testing.assert_array_equal(document_starts(jnp.asarray([[3], [5]], jnp.int32)), [[1], [1]])
 
 
 def test_padding_is_its_own_document():

@@ -88,6 +88,19 @@ def test_positions_restart_at_each_document():
                                   [[0, 1, 2, 0, 1, 0], [0, 0, 1, 2, 3, 4]])
 
 
+@pytest.mark.parametrize("overrides", [["attention.kind=fpa"], ["attention.kind=fox"],
+                                       ["attention.kind=softmax"], ["attention.kind=dcp"],
+                                       ["attention.kind=selective", "attention.position=nope"],
+                                       ["model.pattern=G"]])
+def test_one_token_sequences_run(overrides):
+    """T = 1 (a prompt of one token): positions and document starts keep their length."""
+    model = build_model(tiny(*overrides), VOCAB)
+    tokens = jnp.ones((2, 1), jnp.int32)
+    params = model.init(jax.random.PRNGKey(0), tokens, tokens)
+    assert model.apply(params, tokens, tokens).shape[:2] == (2, 1)
+    np.testing.assert_array_equal(positions_within_documents(tokens), [[0], [0]])
+
+
 def test_forward_is_causal_and_isolates_documents():
     """Hybrid GDN + FPA model: logits at t depend on tokens <= t of the same document only."""
     config = tiny("model.pattern=GA", "data.seq_len=24")
