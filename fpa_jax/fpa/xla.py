@@ -10,7 +10,8 @@ Per head, with blocks of n positions (query block i, key block j = i - d):
 The scan runs over the offset d, all query blocks at once (tiles with i < d are masked), so
 the gap minimum G is a running minimum carried by the scan. With query_level, psi_t replaces
 psi_s. The tiles themselves are built in tiles.py; the backward pass (xla_vjp.py) recomputes
-them, so the forward stores only the output and the row log-sum-exp.
+them, so the forward stores only the output (float32 for bf16 inputs, so the backward's
+Delta_t = <dout_t, out_t> is not taken from the rounded output) and the row log-sum-exp.
 
 Shapes (public wrapper): q, k, v [B, T, H, D]; phi, psi [B, T, H]; beta [H];
 segment_ids [B, T] int32 -> out [B, T, H, D].
@@ -29,7 +30,10 @@ from fpa_jax.fpa.xla_vjp import blocked_backward
 
 
 def forward_head(q, k, v, phi, psi, beta, segment, config: BlockedConfig):
-    """One head: q, k, v [T, D] (T a multiple of the block), phi, psi [T] -> out, lse."""
+    """One head: q, k, v [T, D] (T a multiple of the block), phi, psi [T] -> out, lse.
+
+    out stays in the statistics dtype (float32 for bf16 inputs); callers cast it.
+    """
     n = config.block_size
     x = cut_blocks(q, k, v, psi, segment, n)
     fb = blocks.field_blocks(phi, n)
@@ -57,14 +61,14 @@ def forward_head(q, k, v, phi, psi, beta, segment, config: BlockedConfig):
     (row_max, row_sum, acc, _), _ = jax.lax.scan(step, init, jnp.arange(1, nb))
     out = acc / row_sum[..., None]
     lse = row_max + jnp.log(row_sum)
-    return out.reshape(-1, out.shape[-1]).astype(q.dtype), lse.reshape(-1)
+    return out.reshape(-1, out.shape[-1]), lse.reshape(-1)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(7,))
 def fpa_blocked(q, k, v, phi, psi, beta, segment_ids, config: BlockedConfig):
     """Blocked FPA attention with the straight-through soft-minimum VJP."""
     out, _ = _forward(q, k, v, phi, psi, beta, segment_ids, config)
-    return out
+    return out.astype(q.dtype)
 
 
 def _forward(q, k, v, phi, psi, beta, segment_ids, config):
@@ -79,7 +83,7 @@ def _forward(q, k, v, phi, psi, beta, segment_ids, config):
 
 def _fwd(q, k, v, phi, psi, beta, segment_ids, config):
     out, lse = _forward(q, k, v, phi, psi, beta, segment_ids, config)
-    return out, (q, k, v, phi, psi, beta, segment_ids, out, lse)
+    return out.astype(q.dtype), (q, k, v, phi, psi, beta, segment_ids, out, lse)
 
 
 def _bwd(config, residuals, dout):

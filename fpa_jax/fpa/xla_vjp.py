@@ -3,7 +3,8 @@
 With dL/db_ts = dS_ts (the flash-attention logit gradient, recomputed per tile) and
 coef_ts = beta * [R_ts < psi_s] * dS_ts:
 
-    dL/dbeta  = sum_ts min(0, R_ts - psi_s) * dS_ts
+    dL/dbeta  = sum_ts gap_ts * dS_ts - sum_t (sum_s dS_ts) * (sum_s P_ts * gap_ts),
+                gap_ts = min(0, R_ts - psi_s)           (centred per row: see below)
     dL/dpsi_s = -sum_t coef_ts                    (row sums instead with query_level)
     dL/dphi_u = sum_{s < u <= t} coef_ts * exp(-(phi_u - R_ts)/tau) / Z_ts,
                 Z_ts = sum_{s < u' <= t} exp(-(phi_u' - R_ts)/tau)      (soft-min weights)
@@ -19,6 +20,13 @@ block's prefix. Each weight factors through the hard minimum of its piece, every
 The tile therefore reduces to a column vector (suffix), a row vector (prefix) and one scalar
 (gap); short passes after the scan spread them over the positions. Diagonal tiles use the
 exact 2-D soft minimum, one position u at a time (O(n^2) memory per block).
+
+dbeta's centring term: dS_ts = P_ts (dP_ts - Delta_t) with Delta_t = <dout_t, out_t>, so
+sum_s dS_ts = sum_s P_ts dP_ts - Delta_t is 0 in exact arithmetic (lse is no output) and the
+term vanishes. In bf16 Delta_t carries the rounding of out (of the probabilities in the forward
+P V); the term removes that per-row error e_t, which otherwise enters dbeta as
+e_t * sum_s P_ts gap_ts for every row. Both row sums are carried in the scan. The
+forward keeps its float32 out as the residual, so Delta_t is not taken from the rounded output.
 """
 
 import jax
@@ -111,27 +119,36 @@ def backward_head(q, k, v, phi, psi, beta, segment, out, lse, dout, config):
         else:
             dq = jnp.zeros(x.q.shape, acc)
             dk = jnp.zeros(x.k.shape, acc)
-        return dq, dk, dv, dlogits
+        return dq, dk, dv, probs, dlogits
 
     def level_grad(coef):
         return -coef.sum(2) if config.query_level else -coef.sum(1)
 
+    def beta_terms(probs, dlogits, gap, dead):
+        """Per tile: sum gap dS, and the row sums sum_s dS_ts, sum_s P_ts gap_ts [nb, n]."""
+        dead_gap = jnp.where(dead, gap, 0.0)
+        return (dead_gap * dlogits).sum(), dlogits.sum(2), (probs * dead_gap).sum(2)
+
     logits, mask, gap, dead = diagonal_tile(x, fb, beta, config)
-    dq, dk, dv, dlogits = tile_grads(x, logits, mask)
-    dbeta = jnp.where(dead, gap * dlogits, 0.0).sum()
+    dq, dk, dv, probs, dlogits = tile_grads(x, logits, mask)
+    dbeta, row_dlogits, row_gap = beta_terms(probs, dlogits, gap, dead)
     coef = jnp.where(dead, beta * dlogits, 0.0)
     dpsi = level_grad(coef)
     dphi = diagonal_field_grad(coef, fb, fm, tau)
 
     def step(carry, d):
-        dq, dk, dv, dpsi, dbeta, row_share, column_share, gap_min, gap_mass = carry
+        (dq, dk, dv, dpsi, dbeta, row_dlogits, row_gap, row_share, column_share, gap_min,
+         gap_mass) = carry
         keys, suffix_min, range_min, logits, mask, gap, dead = off_diagonal_tile(
             x, fb, gap_min, d, beta, config)
-        dq_t, dk_t, dv_t, dlogits = tile_grads(keys, logits, mask)
+        dq_t, dk_t, dv_t, probs, dlogits = tile_grads(keys, logits, mask)
         dq = dq + dq_t
         dk = dk + shift_blocks(dk_t, -d)
         dv = dv + shift_blocks(dv_t, -d)
-        dbeta = dbeta + jnp.where(dead, gap * dlogits, 0.0).sum()
+        dbeta_t, row_dlogits_t, row_gap_t = beta_terms(probs, dlogits, gap, dead)
+        dbeta = dbeta + dbeta_t
+        row_dlogits = row_dlogits + row_dlogits_t
+        row_gap = row_gap + row_gap_t
         coef = jnp.where(dead, beta * dlogits, 0.0)
         if config.query_level:
             dpsi = dpsi + level_grad(coef)
@@ -153,14 +170,16 @@ def backward_head(q, k, v, phi, psi, beta, segment, out, lse, dout, config):
         new_gap_min = jnp.minimum(gap_min, folded_min)
         gap_mass = (gap_mass * _decay(gap_min - new_gap_min, tau)
                     + shift_blocks(fm.block_mass, d) * _decay(folded_min - new_gap_min, tau))
-        carry = (dq, dk, dv, dpsi, dbeta, row_share, column_share, new_gap_min, gap_mass)
+        carry = (dq, dk, dv, dpsi, dbeta, row_dlogits, row_gap, row_share, column_share,
+                 new_gap_min, gap_mass)
         return carry, (gap_total, gap_min)
 
     zeros_blocks = jnp.zeros((nb, n), acc)
-    init = (dq, dk, dv, dpsi, dbeta, zeros_blocks, zeros_blocks,
+    init = (dq, dk, dv, dpsi, dbeta, row_dlogits, row_gap, zeros_blocks, zeros_blocks,
             jnp.full((nb,), blocks.BIG, acc), jnp.zeros((nb,), acc))
     carry, (gap_totals, gap_mins) = jax.lax.scan(step, init, jnp.arange(1, nb))
-    dq, dk, dv, dpsi, dbeta, row_share, column_share, _, _ = carry
+    dq, dk, dv, dpsi, dbeta, row_dlogits, row_gap, row_share, column_share, _, _ = carry
+    dbeta = dbeta - (row_dlogits * row_gap).sum()
 
     dphi = dphi + suffix_field_grad(column_share, fb, tau) + prefix_field_grad(row_share, fb, tau)
     if nb > 1:

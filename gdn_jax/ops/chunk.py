@@ -38,7 +38,7 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
-from gdn_jax.ops.naive import compute_dtype, state_resets
+from gdn_jax.ops.naive import compute_dtype, state_resets, zero_state
 
 _CHUNK_STATE = "gdn_chunk_entering_state"
 _FULL_FLOAT32 = jax.lax.Precision.HIGHEST
@@ -177,7 +177,8 @@ def _chunked(q, k, v, g, beta, initial_state, segment_ids, *, scale, chunk_size)
     same_document, sees_entering_state = _document_masks(segment_ids, batch, num_chunks, chunk)
 
     if initial_state is None:
-        state = jnp.zeros((batch, num_heads, group, key_dim, value_dim), dtype)
+        state = zero_state((batch, num_heads, group, key_dim, value_dim), dtype,
+                           q, k, v, g, beta)
     else:
         state = initial_state.astype(dtype).reshape(
             batch, num_heads, group, key_dim, value_dim)

@@ -39,6 +39,16 @@ def compute_dtype(*arrays):
     return jnp.promote_types(jnp.result_type(*present), jnp.float32)
 
 
+def zero_state(shape, dtype, *like):
+    """Zeros for the absent `initial_state`, typed like the inputs `like` inside `shard_map`.
+
+    A scan carry must vary over the same mesh axes as the body's output, which varies over
+    every axis any input does. `lax.full_like` gives zeros that vary over the axes of its
+    example (outside `shard_map` they are plain zeros); the sum takes the union over inputs.
+    """
+    return sum(jax.lax.full_like(x, 0, dtype, shape) for x in like)
+
+
 def recurrent_forward(q, k, v, g, beta, *, scale, initial_state, segment_ids):
     """Run the recurrence token by token.
 
@@ -59,7 +69,8 @@ def recurrent_forward(q, k, v, g, beta, *, scale, initial_state, segment_ids):
     resets = state_resets(segment_ids, (batch, seq_len))
 
     if initial_state is None:
-        state = jnp.zeros((batch, num_heads, group, key_dim, value_dim), dtype)
+        state = zero_state((batch, num_heads, group, key_dim, value_dim), dtype,
+                           q, k, v, alpha, beta)
     else:
         state = initial_state.astype(dtype).reshape(
             batch, num_heads, group, key_dim, value_dim)

@@ -325,6 +325,34 @@ def test_vmap_over_an_extra_axis_matches_per_slice_calls():
         np.testing.assert_allclose(state[i], expected_state, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("implementation", ["xla", "reference"])
+def test_shard_map_over_heads_without_initial_state(implementation):
+    """Heads split over a mesh of every CPU device: the zero initial state must vary over the
+    mesh axis like the scan's output carry (it did not: a scan carry type error)."""
+    devices = jax.device_count()
+    q, k, v, g, beta, _ = make_inputs(95, 1, 21, devices, 2 * devices, 8, 4)
+    mesh = jax.make_mesh((devices,), ("heads",), axis_types=(jax.sharding.AxisType.Auto,))
+    by_head = jax.sharding.PartitionSpec(None, None, "heads")
+
+    def attend(q, k, v, g, beta):
+        return gated_delta_rule(q, k, v, g, beta, implementation=implementation,
+                                chunk_size=8)[0]
+
+    def out_and_grads(attend):
+        def loss(*args):
+            out = attend(*args)
+            return jnp.sum(jnp.sin(out)), out
+        grad = jax.grad(loss, argnums=(0, 1, 2, 3, 4), has_aux=True)
+        return jax.jit(grad, compiler_options=FAST_COMPILE)(q, k, v, g, beta)
+
+    sharded = jax.shard_map(attend, mesh=mesh, in_specs=(by_head,) * 5, out_specs=by_head)
+    grads, out = out_and_grads(sharded)
+    expected_grads, expected_out = out_and_grads(attend)
+    np.testing.assert_allclose(out, expected_out, rtol=1e-5, atol=1e-6)
+    for name, got, want in zip(ARGUMENT_NAMES, grads, expected_grads):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6, err_msg=name)
+
+
 def test_recurrent_gradient_matches_float64_finite_differences():
     """Directional derivatives of the oracle (with a document boundary), central differences."""
     rng = np.random.default_rng(92)

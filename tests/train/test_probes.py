@@ -1,0 +1,275 @@
+"""Probe generators vs brute-force solvers, Fisher's exact test, and the vmapped runner."""
+
+import csv
+import json
+
+import numpy as np
+import pytest
+
+from train.probes import tasks
+from train.probes.runner import ProbeConfig, run_probe, train_seeds
+from train.probes.stats import fisher_greater
+from train.probes.tasks import PAD, TASKS, ladder_layout
+
+SEEDS = (0, 7, 1234)
+N = 40
+
+
+def rows(data):
+    for tokens, targets, mask in zip(data.tokens, data.targets, data.mask):
+        yield [int(t) for t in tokens], [int(t) for t in targets], [bool(m) for m in mask]
+
+
+def assert_answers(data, solve):
+    """solve(tokens) -> {position: answer} for the scored positions; PAD elsewhere."""
+    for tokens, targets, mask in rows(data):
+        expected = solve(tokens)
+        assert sorted(expected) == [i for i, m in enumerate(mask) if m]
+        for i, target in enumerate(targets):
+            assert target == expected.get(i, PAD), (tokens, i)
+
+
+def strip(tokens):
+    while tokens and tokens[-1] == PAD:
+        tokens = tokens[:-1]
+    return tokens
+
+
+# ------------------------------------------------------------------------------ solvers
+
+
+def solve_ladder(rungs, num_values, stepwise):
+    lay = ladder_layout(rungs, num_values)
+
+    def solve(tokens):
+        tokens = strip(tokens)
+        values = [t - lay["val"] for t in tokens[:rungs]]
+        assert all(0 <= v < num_values for v in values) and len(set(values)) == rungs
+        level, lowest, answers, excursion = rungs, rungs, {}, []
+        for i, t in enumerate(tokens[rungs:], start=rungs):
+            if stepwise:
+                assert lay["down"] <= t <= lay["up"] or lay["ask"] <= t < lay["down"], t
+                level += {lay["down"]: -1, lay["hold"]: 0, lay["up"]: 1}.get(t, 0)
+                assert 0 <= level <= rungs
+                if lay["down"] <= t <= lay["up"]:
+                    excursion.append(level)
+                if level == rungs and excursion:  # back at the surface after a dip:
+                    assert min(excursion) == rungs or excursion.count(min(excursion)) in (1, 2)
+                    excursion = []  # its deepest level lasted 1 or 2 tokens
+            elif lay["dip"] <= t < lay["ask"]:
+                level = t - lay["dip"]
+            lowest = min(lowest, level)
+            if not stepwise:
+                level = rungs
+            if lay["ask"] <= t < lay["down"]:
+                assert level == rungs  # queries only at the surface
+                rung = values.index(t - lay["ask"]) + 1
+                answers[i] = lay["alive"] if rung <= lowest else lay["dead"]
+        return answers
+
+    return solve
+
+
+def solve_push_pop(tokens):
+    stack, answers = [], {}
+    for i, t in enumerate(tokens):
+        if t == 2:
+            stack.pop()
+            answers[i] = stack[-1] if stack else 1
+        elif t >= 3:
+            stack.append(t)
+    return answers
+
+
+def solve_flip_flop(tokens):
+    assert len(tokens) % 2 == 0 and tokens[0] == 1
+    answers, last = {}, None
+    for i in range(0, len(tokens), 2):
+        instruction, bit = tokens[i], tokens[i + 1]
+        assert instruction in (1, 2, 3) and bit in (4, 5)
+        if instruction == 1:
+            last = bit
+        elif instruction == 2:
+            assert bit == last
+            answers[i] = last
+    return answers
+
+
+def solve_counting(num_values):
+    def solve(tokens):
+        seen = {}
+        answers = {}
+        for i, t in enumerate(tokens):
+            seen[t] = seen.get(t, 0) + 1
+            answers[i] = num_values + seen[t]
+        return answers
+
+    return solve
+
+
+def solve_assignment(num_vars, num_values):
+    def solve(tokens):
+        tokens, store, answers, i = strip(tokens), {}, {}, 0
+        while i < len(tokens):
+            t = tokens[i]
+            if 1 <= t <= num_vars:
+                store[t] = tokens[i + 1]
+                assert num_vars < store[t] <= num_vars + num_values
+                i += 2
+            else:
+                answers[i] = store[t - num_vars - num_values]
+                i += 1
+        return answers
+
+    return solve
+
+
+def solve_mqar(num_pairs, num_keys):
+    def solve(tokens):
+        store = {}
+        for i in range(0, 2 * num_pairs, 2):
+            assert 1 <= tokens[i] <= num_keys < tokens[i + 1]
+            store[tokens[i]] = tokens[i + 1]
+        return {i: store[t] for i, t in enumerate(tokens) if i >= 2 * num_pairs}
+
+    return solve
+
+
+# ------------------------------------------------------------------------------ generator tests
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("rungs", [1, 5])
+def test_ladder_and_variable_dips_match_brute_force(seed, rungs):
+    for stepwise, generate in ((False, tasks.ladder), (True, tasks.variable_dips)):
+        data = generate(seed, N, rungs=rungs, num_values=rungs + 2, num_dips=3, num_queries=6)
+        assert_answers(data, solve_ladder(rungs, rungs + 2, stepwise))
+        answers = data.targets[data.mask]
+        assert set(answers) <= {1, 2}
+        if rungs > 1:
+            assert {1, 2} <= set(answers)  # both live and dead keys are asked about
+
+
+def test_variable_dips_deepest_step_lasts_one_or_two_tokens():
+    lay = ladder_layout(4, 6)
+    holds = tasks.variable_dips(3, 200, rungs=4, num_values=6).tokens == lay["hold"]
+    assert 0 < holds.sum() < (tasks.variable_dips(3, 200, rungs=4, num_values=6).tokens
+                              == lay["down"]).sum()
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_push_pop_flip_flop_copy_counting_match_brute_force(seed):
+    assert_answers(tasks.push_pop(seed, N, length=19, num_values=5, max_depth=3), solve_push_pop)
+    assert_answers(tasks.flip_flop(seed, N, num_pairs=13), solve_flip_flop)
+    data = tasks.copy(seed, N, length=5, num_values=3)
+    assert_answers(data, lambda t: {5 + j: t[j] for j in range(5)} if t[5] == 1 else {})
+    assert_answers(tasks.counting(seed, N, length=11, num_values=3, max_count=4), solve_counting(3))
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("overwrite", [0, 1])
+def test_assignment_and_mqar_match_brute_force(seed, overwrite):
+    assert_answers(tasks.variable_assignment(seed, N, length=17, num_vars=3, num_values=5),
+                   solve_assignment(3, 5))
+    data = tasks.mqar(seed, N, num_pairs=6, num_queries=5, num_keys=9, num_values=7,
+                      overwrite=overwrite)
+    assert_answers(data, solve_mqar(6, 9))
+    distinct = [len(set(t[0:12:2])) for t in data.tokens.tolist()]
+    if overwrite:
+        assert min(distinct) < 6  # some keys were re-assigned
+    else:
+        assert distinct == [6] * N
+
+
+@pytest.mark.parametrize("name", sorted(TASKS))
+def test_generators_are_pure_and_in_vocab(name):
+    generate = TASKS[name].generate
+    a, b, c = generate(5, 12), generate(5, 12), generate(6, 12)
+    for x, y in zip(a[:3], b[:3]):
+        np.testing.assert_array_equal(x, y)
+    assert not np.array_equal(a.tokens, c.tokens)
+    assert a.tokens.dtype == np.int32 and a.mask.dtype == bool and a.mask.any()
+    assert 0 <= a.tokens.min() and a.tokens.max() < a.vocab_size
+    assert a.targets.max() < a.vocab_size and (a.targets[a.mask] != PAD).all()
+    assert (a.targets[~a.mask] == PAD).all()
+
+
+def test_generators_reject_bad_sizes():
+    with pytest.raises(ValueError, match="rungs"):
+        tasks.ladder(0, 4, rungs=0)
+    with pytest.raises(ValueError, match="num_values"):
+        tasks.ladder(0, 4, rungs=6, num_values=3)
+    with pytest.raises(ValueError, match="num_pairs"):
+        tasks.mqar(0, 4, num_pairs=9, num_keys=4)
+
+
+# ------------------------------------------------------------------------------ Fisher
+
+
+def test_fisher_matches_known_values_and_scipy():
+    # Fisher's tea-tasting table [[3, 1], [1, 3]]: one-sided p = 17/70.
+    assert fisher_greater(3, 4, 1, 4) == pytest.approx(17 / 70, rel=1e-12)
+    # 13/15 vs 0/15: only the observed table is as extreme: C(15,13) C(15,0) / C(30,13).
+    assert fisher_greater(13, 15, 0, 15) == pytest.approx(105 / 119759850, rel=1e-12)
+    assert fisher_greater(0, 15, 15, 15) == pytest.approx(1.0)
+    stats = pytest.importorskip("scipy.stats")
+    rng = np.random.default_rng(3)
+    for _ in range(20):
+        n_a, n_b = rng.integers(1, 20, size=2)
+        a, b = rng.integers(0, n_a + 1), rng.integers(0, n_b + 1)
+        expected = stats.fisher_exact([[a, n_a - a], [b, n_b - b]], alternative="greater")[1]
+        assert fisher_greater(int(a), int(n_a), int(b), int(n_b)) == pytest.approx(expected, rel=1e-9)
+    with pytest.raises(ValueError, match="a must be"):
+        fisher_greater(5, 4, 0, 4)
+
+
+# ------------------------------------------------------------------------------ runner
+
+
+TINY = dict(steps=4, eval_every=2, batch_size=4, model_dim=8, mlp=False, train_size=16,
+            test_size=8, head_dim=2)
+TINY_SIZES = dict(rungs=3, num_values=4, num_dips=2, num_queries=3)
+
+
+def test_cli_writes_outputs_and_vmap_equals_seeds_one_by_one(tmp_path, capsys):
+    from train.cli import main
+
+    args = ["probe", "ladder", "seeds=2", "methods=fpa", f"out={tmp_path}"]
+    args += [f"{k}={v}" for k, v in {**TINY, **TINY_SIZES}.items()]
+    assert main(args) == 0
+    assert "fpa" in capsys.readouterr().out
+    result = json.loads((tmp_path / "probe.json").read_text())
+    assert (tmp_path / "probe.png").stat().st_size > 0
+    with (tmp_path / "probe.csv").open() as handle:
+        assert [row["method"] for row in csv.DictReader(handle)] == ["fpa"]
+    run = result["methods"]["fpa"]
+    assert np.shape(run["accuracy_curves"]) == (2, 2) and result["sizes"]["rungs"] == 3
+
+    for seed in (0, 1):
+        alone = train_seeds("fpa", "ladder", TINY_SIZES,
+                            ProbeConfig(seeds=1, first_seed=seed, **TINY))
+        np.testing.assert_allclose(alone["loss"][0], run["loss_curves"][seed], rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(alone["accuracy"][0], run["accuracy_curves"][seed], atol=1e-6)
+    assert run["loss_curves"][0] != run["loss_curves"][1]  # seeds differ
+
+
+def test_runner_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="method"):
+        run_probe("ladder", ["nope"], ProbeConfig(**TINY))
+    with pytest.raises(ValueError, match="unknown size"):
+        run_probe("ladder", ["fpa"], ProbeConfig(**TINY), {"rung": 3})
+    with pytest.raises(ValueError, match="multiple"):
+        ProbeConfig(steps=5, eval_every=2)
+    with pytest.raises(ValueError, match="task"):
+        run_probe("nope", ["fpa"], ProbeConfig(**TINY))
+
+
+def test_cli_lists_tasks_and_rejects_bad_keys(capsys):
+    from train.cli import main
+
+    assert main(["probe", "list"]) == 0
+    assert "ladder" in capsys.readouterr().out
+    assert main(["probe", "ladder", "rung=3"]) == 2
+    assert "unknown key 'rung'" in capsys.readouterr().err
+    assert main(["probe", "ladder", "steps=x"]) == 2
+    assert main(["probe"]) == 2

@@ -1,0 +1,393 @@
+"""Checkpoint export in flash-linear-attention's (fla) Hugging Face layout, and its inverse.
+
+    out_dir/model.safetensors   fla tensor names (train/export_layout.py), float32 or bfloat16
+    out_dir/config.json         fla config: model_type gated_deltanet | forgetting_transformer |
+                                transformer, or fpa_transformer (this project's own, for FPA)
+    out_dir/README.md           how to load it; the FPA-specific tensors
+    out_dir/tokenizer/          the run's tokenizer (export_run only)
+
+Mapping of one parameter (flax -> torch), by kind:
+    linear     kernel [in, out]                 -> weight [out, in]            (transpose)
+    heads_in   kernel [D, H, Dh]                -> weight [H*Dh, D]            (head-major rows)
+    heads_out  kernel [H, Dh, D]                -> weight [D, H*Dh]
+    conv       depthwise kernel [W, C]          -> Conv1d weight [C, 1, W]     (tap order kept)
+    same       embeddings [V, D], scales [D], per-head vectors [H]            (unchanged)
+The flax GatedDeltaNet's z_proj is fla's g_proj (the output gate). Every parameter must be
+mapped: an unknown or unmapped leaf raises, never a silent drop. `import_params` inverts the
+mapping exactly, so export -> import is bit-identical (for bfloat16: to the bf16-rounded params).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+from flax import linen as nn
+from flax import traverse_util
+
+from train.config import Config, config_from_dict
+from train.safetensors_file import read_safetensors, write_safetensors
+
+FORMATS = ("fla",)
+EXPORT_DTYPES = {"float32": np.dtype(np.float32), "bf16": np.dtype(ml_dtypes.bfloat16),
+                 "bfloat16": np.dtype(ml_dtypes.bfloat16)}
+WEIGHTS_FILE = "model.safetensors"
+CONFIG_FILE = "config.json"
+README_FILE = "README.md"
+JAX_CONFIG_KEY = "fpa_gdn_jax_config"   # the full training config, for re-import
+
+# flax leaf path below a layer's "mixer" -> (fla suffix below "attn.", kind)
+ATTENTION_NAMES = {
+    ("query", "kernel"): ("q_proj.weight", "heads_in"),
+    ("key", "kernel"): ("k_proj.weight", "heads_in"),
+    ("value", "kernel"): ("v_proj.weight", "heads_in"),
+    ("out", "kernel"): ("o_proj.weight", "heads_out"),
+    ("forget_proj", "kernel"): ("f_proj.weight", "linear"),
+    ("forget_proj", "bias"): ("f_proj.bias", "same"),
+    ("delta_proj", "kernel"): ("delta_proj.weight", "linear"),
+    ("delta_proj", "bias"): ("delta_proj.bias", "same"),
+    ("field_proj", "kernel"): ("field_proj.weight", "linear"),
+    ("field_proj", "bias"): ("field_proj.bias", "same"),
+    ("level_proj", "kernel"): ("level_proj.weight", "linear"),
+    ("level_proj", "bias"): ("level_proj.bias", "same"),
+    ("rho",): ("rho", "same"),
+}
+GDN_NAMES = {
+    ("q_proj", "kernel"): ("q_proj.weight", "linear"),
+    ("k_proj", "kernel"): ("k_proj.weight", "linear"),
+    ("v_proj", "kernel"): ("v_proj.weight", "linear"),
+    ("z_proj", "kernel"): ("g_proj.weight", "linear"),
+    ("a_proj", "kernel"): ("a_proj.weight", "linear"),
+    ("b_proj", "kernel"): ("b_proj.weight", "linear"),
+    ("q_conv", "kernel"): ("q_conv1d.weight", "conv"),
+    ("k_conv", "kernel"): ("k_conv1d.weight", "conv"),
+    ("v_conv", "kernel"): ("v_conv1d.weight", "conv"),
+    ("A_log",): ("A_log", "same"),
+    ("dt_bias",): ("dt_bias", "same"),
+    ("o_norm", "scale"): ("o_norm.weight", "same"),
+    ("o_proj", "kernel"): ("o_proj.weight", "linear"),
+}
+BLOCK_NAMES = {
+    ("mixer_norm", "scale"): ("attn_norm.weight", "same"),
+    ("mlp_norm", "scale"): ("mlp_norm.weight", "same"),
+    ("mlp", "gate", "kernel"): ("mlp.gate_proj.weight", "linear"),
+    ("mlp", "up", "kernel"): ("mlp.up_proj.weight", "linear"),
+    ("mlp", "down", "kernel"): ("mlp.down_proj.weight", "linear"),
+}
+MODEL_NAMES = {
+    ("embed", "embedding"): ("model.embeddings.weight", "same"),
+    ("final_norm", "scale"): ("model.norm.weight", "same"),
+    ("lm_head", "kernel"): ("lm_head.weight", "linear"),
+}
+
+
+class ExportError(ValueError):
+    """The model or the request cannot be exported in the asked layout."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    flax_path: tuple[str, ...]
+    name: str
+    kind: str
+
+
+def to_torch(kind: str, array: np.ndarray) -> np.ndarray:
+    """One flax parameter -> its torch layout (see the module docstring)."""
+    if kind == "same":
+        return array
+    if kind == "linear":
+        return array.T
+    if kind == "heads_in":
+        return array.reshape(array.shape[0], -1).T
+    if kind == "heads_out":
+        return array.reshape(-1, array.shape[-1]).T
+    if kind == "conv":
+        return array.T[:, None, :]
+    raise ValueError(f"kind: unknown {kind!r}")
+
+
+def from_torch(kind: str, tensor: np.ndarray, flax_shape: tuple[int, ...]) -> np.ndarray:
+    """Inverse of `to_torch`: a torch-layout tensor -> the flax parameter of `flax_shape`."""
+    if kind == "conv":
+        tensor = tensor[:, 0, :]
+    result = tensor if kind == "same" else tensor.T.reshape(flax_shape)
+    if result.shape != tuple(flax_shape):
+        raise ValueError(f"from_torch: {kind} tensor of shape {tensor.shape} does not give flax "
+                         f"shape {tuple(flax_shape)}")
+    return result
+
+
+def plan(config: Config, params: Any) -> list[Entry]:
+    """Every flax parameter leaf of `params` (the LanguageModel's params) with its fla name."""
+    flat = traverse_util.flatten_dict(params)
+    kinds = config.layer_kinds()
+    entries = []
+    for path in flat:
+        if path in MODEL_NAMES:
+            name, kind = MODEL_NAMES[path]
+            entries.append(Entry(path, name, kind))
+            continue
+        layer, rest = path[0], path[1:]
+        if not layer.startswith("layers_") or not layer[len("layers_"):].isdigit():
+            raise ExportError(f"params: no export name for parameter {'/'.join(path)}")
+        index = int(layer[len("layers_"):])
+        prefix = f"model.layers.{index}."
+        if rest in BLOCK_NAMES:
+            name, kind = BLOCK_NAMES[rest]
+        elif rest[:1] == ("mixer",):
+            table = GDN_NAMES if kinds[index] == "gdn" else ATTENTION_NAMES
+            if rest[1:] not in table:
+                raise ExportError(f"params: no export name for parameter {'/'.join(path)}")
+            suffix, kind = table[rest[1:]]
+            name = "attn." + suffix
+        else:
+            raise ExportError(f"params: no export name for parameter {'/'.join(path)}")
+        entries.append(Entry(path, prefix + name, kind))
+    names = [e.name for e in entries]
+    if len(set(names)) != len(names):
+        raise ExportError(f"params: two parameters map to one name in {sorted(names)}")
+    return entries
+
+
+# ----------------------------------------------------------------------------------------------
+# config.json
+# ----------------------------------------------------------------------------------------------
+
+
+def _check_fla_attention(config: Config, model_type: str) -> None:
+    a, d_model = config.attention, config.model.d_model
+    if a.num_heads * a.head_dim != d_model:
+        raise ExportError(
+            f"attention: fla's {model_type} derives head_dim = hidden_size // num_heads, so it "
+            f"needs num_heads * head_dim == d_model, got {a.num_heads} * {a.head_dim} != {d_model}")
+
+
+def _common_config(config: Config, vocab_size: int) -> dict[str, Any]:
+    m = config.model
+    return {"hidden_size": m.d_model, "num_hidden_layers": m.num_layers,
+            "intermediate_size": config.mlp_dim(), "hidden_ratio": None, "hidden_act": "swish",
+            "norm_eps": m.norm_eps, "vocab_size": vocab_size,
+            "tie_word_embeddings": m.tie_embeddings,
+            "max_position_embeddings": config.data.seq_len, "initializer_range": m.init_std,
+            "torch_dtype": None}
+
+
+def _gdn_config(config: Config) -> dict[str, Any]:
+    g = config.gdn
+    value_dim = g.v_head_dim or g.head_dim
+    return {"attn_mode": "chunk", "num_heads": g.num_heads, "head_dim": g.head_dim,
+            "num_v_heads": g.num_v_heads or g.num_heads, "expand_v": value_dim / g.head_dim,
+            "conv_size": g.conv_size, "use_gate": True, "use_short_conv": True,
+            "allow_neg_eigval": False}
+
+
+def fla_config(config: Config, vocab_size: int) -> dict[str, Any]:
+    """config.json contents in fla's layout (or this project's fpa_transformer for FPA)."""
+    kinds = config.layer_kinds()
+    a = config.attention
+    attention_layers = [i for i, kind in enumerate(kinds) if kind == "attention"]
+    base = _common_config(config, vocab_size)
+    if attention_layers and a.kind == "fpa":
+        fpa = {"layer_types": ["gdn" if k == "gdn" else "fpa" for k in kinds],
+               "num_heads": a.num_heads, "head_dim": a.head_dim,
+               "fpa": {"stack_form": a.stack_form, "key_level": a.key_level,
+                       "query_level": a.query_level, "content": a.content, "dip_sum": a.dip_sum,
+                       "tau": a.tau, "no_bias_layers": list(a.no_bias_layers)}}
+        gdn = {"gdn": _gdn_config(config)} if "gdn" in kinds else {}
+        return {"model_type": "fpa_transformer", **base, **fpa, **gdn}
+    if attention_layers and a.kind not in ("fox", "softmax"):
+        raise ExportError(f"attention.kind={a.kind!r}: flash-linear-attention has no model with "
+                          f"this attention; exportable: gdn, fox, softmax (rope), fpa")
+    if attention_layers and a.kind == "softmax" and a.position != "rope":
+        raise ExportError(f"attention.position={a.position!r}: fla's transformer always applies "
+                          f"RoPE; only softmax attention with position='rope' maps onto it")
+    if not attention_layers:
+        return {"model_type": "gated_deltanet", "architectures": ["GatedDeltaNetForCausalLM"],
+                **base, **_gdn_config(config), "attn": None}
+    if len(attention_layers) < len(kinds):
+        if a.kind != "softmax":
+            raise ExportError(f"hybrid of Gated DeltaNet with attention.kind={a.kind!r}: fla's "
+                              f"hybrids use softmax attention with RoPE only")
+        _check_fla_attention(config, "gated_deltanet hybrid attention")
+        spec = {"layers": attention_layers, "num_heads": a.num_heads, "num_kv_heads": a.num_heads,
+                "qkv_bias": False, "window_size": None, "rope_theta": a.rope_base}
+        return {"model_type": "gated_deltanet", "architectures": ["GatedDeltaNetForCausalLM"],
+                **base, **_gdn_config(config), "attn": spec}
+    attention = {"num_heads": a.num_heads, "num_kv_heads": a.num_heads, "qkv_bias": False,
+                 "qk_norm": False, "window_size": None, "elementwise_affine": True}
+    if a.kind == "fox":
+        _check_fla_attention(config, "forgetting_transformer")
+        return {"model_type": "forgetting_transformer",
+                "architectures": ["ForgettingTransformerForCausalLM"], **base, **attention,
+                "use_output_gate": False}
+    _check_fla_attention(config, "transformer")
+    return {"model_type": "transformer", "architectures": ["TransformerForCausalLM"], **base,
+            **attention, "rope_theta": a.rope_base}
+
+
+# ----------------------------------------------------------------------------------------------
+# Export / import
+# ----------------------------------------------------------------------------------------------
+
+
+README_TEXT = """# Exported checkpoint ({model_type})
+
+Written by `python -m train export` from {source}.
+
+- `model.safetensors`: weights ({dtype}), tensor names of flash-linear-attention's Hugging Face
+  model classes (`fla.models`); `config.json`: its config (`model_type` = `{model_type}`).
+  `{jax_key}` in config.json keeps the full training config of this project.
+{body}
+"""
+
+FLA_BODY = """
+## Loading with flash-linear-attention (PyTorch, GPU for the Triton kernels)
+
+```python
+import fla  # registers the fla model types with transformers
+from transformers import AutoModelForCausalLM
+model = AutoModelForCausalLM.from_pretrained("{out_dir}", torch_dtype="auto").cuda()
+```
+
+Mapping from the JAX parameters: Linear weights are the transposed flax kernels
+([in, out] -> [out, in]); multi-head kernels [D, H, Dh] become [H*Dh, D] (head-major rows) and
+the output kernel [H, Dh, D] becomes [D, H*Dh]; the GatedDeltaNet depthwise conv kernels [W, C]
+become Conv1d weights [C, 1, W]; the GatedDeltaNet output gate `z_proj` is fla's `g_proj`.
+{tie_note}
+
+The JAX model restarts positions and masks attention at document boundaries of packed
+sequences; give fla one document per sequence (or its `cu_seqlens`) for the same logits.
+Status: re-import into JAX is tested bit-exact, and a numpy forward written in fla's conventions
+on these tensors reproduces the JAX logits; loading into fla itself and comparing logits on a
+GPU has not been done yet.
+"""
+
+FPA_BODY = """
+## FPA (no other library implements it)
+
+`model_type` `fpa_transformer` is this project's own: the shared parts (embeddings, norms, MLP,
+q/k/v/o projections, Gated DeltaNet layers of a hybrid) use fla's names and layouts (see
+`transformer` / `gated_deltanet` in fla), and each FPA layer `model.layers.{{i}}.attn` adds:
+
+| tensor | shape | meaning |
+|---|---|---|
+| `delta_proj.weight`, `delta_proj.bias` | [H, D], [H] | walk step delta = x W^T + b |
+| `field_proj.weight`, `field_proj.bias` | [H, D], [H] | field g (absent with `stack_form`) |
+| `level_proj.weight`, `level_proj.bias` | [H, D], [H] | level h (absent with `stack_form` |
+|  |  | or `key_level: false`) |
+| `rho` | [H] | bias scale beta = softplus(rho) |
+
+With W = cumsum(delta), phi = W + g, psi = W + h, the attention logit of query t and key s is
+q_t.k_s / sqrt(head_dim) + beta * min(0, min_{{s<u<=t}} phi_u - psi_s) (no RoPE); q/k are
+absent with `content: false`; layers in `fpa.no_bias_layers` are plain causal softmax attention
+without positions (q/k/v/o only). `layer_types` says which layers are Gated DeltaNet (`gdn`).
+There is no PyTorch model class for it; load the tensors with `safetensors.torch.load_file`, or
+back into JAX with `train.export.load_export("{out_dir}")`.
+"""
+
+
+def _numpy_params(params: Any) -> dict[tuple[str, ...], np.ndarray]:
+    return {path: np.asarray(jax.device_get(leaf))
+            for path, leaf in traverse_util.flatten_dict(params).items()}
+
+
+def export_params(params: Any, config: Config, vocab_size: int, out_dir: str | Path, *,
+                  dtype: str = "float32", source: str = "a JAX checkpoint") -> Path:
+    """Write model.safetensors, config.json and README.md for `params` into `out_dir`."""
+    if dtype not in EXPORT_DTYPES:
+        raise ExportError(f"dtype: expected one of {sorted(EXPORT_DTYPES)}, got {dtype!r}")
+    target = EXPORT_DTYPES[dtype]
+    fla = fla_config(config, vocab_size)
+    flat = _numpy_params(params)
+    tensors = {}
+    for entry in sorted(plan(config, params), key=lambda e: e.name):
+        array = flat[entry.flax_path]
+        if not jnp.issubdtype(array.dtype, jnp.floating):
+            raise ExportError(f"params: {'/'.join(entry.flax_path)} has the non-float dtype "
+                              f"{array.dtype}")
+        tensors[entry.name] = np.ascontiguousarray(to_torch(entry.kind, array).astype(target))
+    fla["torch_dtype"] = "bfloat16" if target != np.float32 else "float32"
+    fla[JAX_CONFIG_KEY] = {"config": config.to_dict(), "vocab_size": vocab_size}
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_safetensors(out_dir / WEIGHTS_FILE, tensors, metadata={"format": "pt"})
+    (out_dir / CONFIG_FILE).write_text(json.dumps(fla, indent=1) + "\n")
+    model_type = fla["model_type"]
+    tie_note = ("`lm_head.weight` is not stored: the output head is tied to the embeddings "
+                "(`tie_word_embeddings: true`)." if config.model.tie_embeddings else "")
+    body = (FPA_BODY if model_type == "fpa_transformer" else FLA_BODY).format(
+        out_dir=out_dir, tie_note=tie_note)
+    (out_dir / README_FILE).write_text(README_TEXT.format(
+        model_type=model_type, source=source, dtype=fla["torch_dtype"], jax_key=JAX_CONFIG_KEY,
+        body=body))
+    return out_dir
+
+
+def import_params(out_dir: str | Path, config: Config, template: Any) -> Any:
+    """The params of an export as numpy arrays in the export's dtype, in the tree of `template`
+    (the model's params or their shapes, e.g. `abstract_params`); inverse of `export_params`."""
+    tensors, _ = read_safetensors(Path(out_dir) / WEIGHTS_FILE)
+    entries = plan(config, template)
+    shapes = {path: tuple(leaf.shape)
+              for path, leaf in traverse_util.flatten_dict(template).items()}
+    expected = {e.name for e in entries}
+    if set(tensors) != expected:
+        raise ValueError(f"{out_dir}: tensors differ from the model's; missing "
+                         f"{sorted(expected - set(tensors))}, "
+                         f"unexpected {sorted(set(tensors) - expected)}")
+    flat = {e.flax_path: from_torch(e.kind, tensors[e.name], shapes[e.flax_path]) for e in entries}
+    return traverse_util.unflatten_dict(flat)
+
+
+def load_export(out_dir: str | Path) -> tuple[Config, int, Any]:
+    """(config, vocab_size, params) of an export, from its config.json and weights."""
+    saved = json.loads((Path(out_dir) / CONFIG_FILE).read_text())[JAX_CONFIG_KEY]
+    config, vocab_size = config_from_dict(saved["config"]), saved["vocab_size"]
+    return config, vocab_size, import_params(out_dir, config, abstract_params(config, vocab_size))
+
+
+def abstract_params(config: Config, vocab_size: int) -> Any:
+    """The LanguageModel's unboxed params as jax.ShapeDtypeStruct leaves (nothing computed)."""
+    from train.model import LanguageModel
+
+    dummy = jnp.zeros((1, 8), jnp.int32)
+    boxed = jax.eval_shape(lambda: LanguageModel(config, vocab_size).init(
+        jax.random.PRNGKey(0), dummy, jnp.ones_like(dummy))["params"])
+    return nn.meta.unbox(boxed)
+
+
+def export_run(run_dir: str | Path, out_dir: str | Path, *, format: str = "fla",
+               dtype: str = "float32", step: int | None = None) -> tuple[Path, int]:
+    """Export a run's newest (or `step`) checkpoint; returns (out_dir, step)."""
+    if format not in FORMATS:
+        raise ExportError(f"--format: expected one of {list(FORMATS)}, got {format!r}")
+    if dtype not in EXPORT_DTYPES:
+        raise ExportError(f"--dtype: expected one of {sorted(EXPORT_DTYPES)}, got {dtype!r}")
+    from train.checkpoint import TOKENIZER_DIRNAME
+    from train.runs import load_run, restore_run_state
+    from train.session import build_session
+    from train.model import resolve_vocab_size
+
+    config, tokenizer = load_run(run_dir)
+    fla_config(config, resolve_vocab_size(config, tokenizer.vocab_size))  # fail before restoring
+    session = build_session(config, tokenizer.vocab_size)
+    restored = restore_run_state(run_dir, session, step)
+    vocab_size = resolve_vocab_size(config, tokenizer.vocab_size)
+    path = export_params(restored.state["params"], config, vocab_size, out_dir, dtype=dtype,
+                         source=f"run {run_dir}, step {restored.step}")
+    tokenizer_dir = Path(run_dir) / TOKENIZER_DIRNAME
+    if tokenizer_dir.is_dir():
+        shutil.copytree(tokenizer_dir, path / TOKENIZER_DIRNAME, dirs_exist_ok=True)
+        with open(path / README_FILE, "a") as readme:
+            readme.write(f"\n`{TOKENIZER_DIRNAME}/` is the run's tokenizer in this project's "
+                         f"format (`train.tokenizer.load_tokenizer`).\n")
+    return path, restored.step
+

@@ -1,0 +1,37 @@
+"""`python -m train export RUN --format fla --out DIR [--dtype bf16|float32] [--step N]`.
+
+Parser and handler only (imported when the command line is built, so nothing heavy here);
+the export itself is train/export.py.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+
+def add_export_command(commands: Any) -> None:
+    """Register `export RUN --format fla --out DIR [--dtype bf16|float32] [--step N]`."""
+    text = "export a run's checkpoint as safetensors + config.json (flash-linear-attention layout)"
+    sub = commands.add_parser("export", help=text, description=text)
+    sub.add_argument("run_dir")
+    sub.add_argument("--format", default="fla", choices=("fla",))
+    sub.add_argument("--out", required=True, help="output directory")
+    sub.add_argument("--dtype", default="float32", choices=("float32", "bf16", "bfloat16"))
+    sub.add_argument("--step", type=int, help="checkpoint step (default: the newest)")
+    sub.set_defaults(handler=command_export)
+
+
+def command_export(args) -> int:
+    from train.export import CONFIG_FILE, ExportError, export_run
+
+    try:
+        out_dir, step = export_run(args.run_dir, args.out, format=args.format, dtype=args.dtype,
+                                   step=args.step)
+    except (ExportError, FileNotFoundError) as error:
+        print(f"export error: {error}", file=sys.stderr)
+        return 2
+    model_type = json.loads((out_dir / CONFIG_FILE).read_text())["model_type"]
+    print(f"exported step {step} of {args.run_dir} as {model_type} ({args.dtype}) to {out_dir}")
+    return 0

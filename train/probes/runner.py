@@ -1,0 +1,190 @@
+"""Probe runner: train many seeds of a small model at once (vmap over seeds), per method.
+
+    per seed s:  data  = task(seed=2s) for training, task(seed=2s+1) held out   [N, T] each
+                 init  = ProbeModel.init(PRNGKey(s)),  minibatches drawn from PRNGKey(s)
+                 steps of AdamW (warm-up + cosine), masked cross-entropy on scored positions
+                 every eval_every steps: held-out accuracy = mean over scored positions of
+                 [argmax logits == target]
+    train_seeds: jit(vmap(train_one)) over the seeds -- one compile, all seeds at once
+    success(s)  = final held-out accuracy > TASKS[task].threshold
+
+run_probe trains every method, counts successes, and compares the reference method (FPA by
+default) with each other method by the one-sided Fisher exact test (stats.fisher_greater).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from dataclasses import dataclass
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from train.probes.model import build_model, check_method
+from train.probes.stats import fisher_greater
+from train.probes.tasks import TASKS, ProbeData, task_sizes
+
+
+@dataclass(frozen=True)
+class ProbeConfig:
+    seeds: int = 15
+    first_seed: int = 0
+    steps: int = 2000
+    eval_every: int = 100
+    batch_size: int = 32
+    lr: float = 3e-3
+    warmup_steps: int = 100
+    weight_decay: float = 0.0
+    model_dim: int = 32
+    num_layers: int = 1
+    num_heads: int = 1
+    head_dim: int = 4
+    mlp: bool = True
+    train_size: int = 2048
+    test_size: int = 512
+
+    def __post_init__(self):
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if field.type in ("int", int) and (isinstance(value, bool) or not isinstance(value, int)):
+                raise TypeError(f"ProbeConfig: {field.name} must be an int, got {value!r}")
+        positive = ("seeds", "steps", "eval_every", "batch_size", "model_dim", "num_layers",
+                    "num_heads", "head_dim", "train_size", "test_size")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ValueError(f"ProbeConfig: {name} must be >= 1, got {getattr(self, name)}")
+        if self.steps % self.eval_every:
+            raise ValueError(f"ProbeConfig: steps ({self.steps}) must be a multiple of "
+                             f"eval_every ({self.eval_every})")
+        if not self.lr > 0:
+            raise ValueError(f"ProbeConfig: lr must be > 0, got {self.lr}")
+
+
+def seed_data(task: str, seeds: list[int], sizes: dict, config: ProbeConfig):
+    """Stacked (train, test) ProbeData over seeds, padded to one length: [S, N, T] arrays."""
+    generate = TASKS[task].generate
+    splits = [[generate(2 * s, config.train_size, **sizes) for s in seeds],
+              [generate(2 * s + 1, config.test_size, **sizes) for s in seeds]]
+    length = max(d.tokens.shape[1] for split in splits for d in split)
+
+    def pad(a):
+        return np.pad(a, ((0, 0), (0, length - a.shape[1])))
+
+    return [ProbeData(*(np.stack([pad(getattr(d, f)) for d in split])
+                        for f in ("tokens", "targets", "mask")), split[0].vocab_size)
+            for split in splits]
+
+
+@functools.lru_cache(maxsize=16)
+def _compiled_trainer(method: str, vocab_size: int, config: ProbeConfig):
+    """One jitted trainer per (method, vocab, config without the seed fields): reruns with other
+    seeds of the same shapes reuse its compilation."""
+    model = build_model(method, vocab_size, model_dim=config.model_dim,
+                        num_layers=config.num_layers, num_heads=config.num_heads,
+                        head_dim=config.head_dim, mlp=config.mlp)
+    return _train_function(model, config)
+
+
+def _train_function(model: nn.Module, config: ProbeConfig):
+    schedule = optax.warmup_cosine_decay_schedule(
+        0.0, config.lr, min(config.warmup_steps, config.steps // 2 + 1) or 1, config.steps)
+    optimizer = optax.chain(optax.clip_by_global_norm(1.0),
+                            optax.adamw(schedule, weight_decay=config.weight_decay))
+    num_evals = config.steps // config.eval_every
+
+    def loss_fn(params, tokens, targets, mask):
+        logits = model.apply({"params": params}, tokens)
+        ce = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
+        return jnp.sum(ce * mask) / jnp.maximum(jnp.sum(mask), 1)
+
+    def accuracy(params, tokens, targets, mask):
+        hits = jnp.argmax(model.apply({"params": params}, tokens), axis=-1) == targets
+        return jnp.sum(hits * mask) / jnp.maximum(jnp.sum(mask), 1)
+
+    def train_one(key, train, test):
+        init_key, batch_key = jax.random.split(key)
+        params = nn.unbox(model.init(init_key, train[0][:1]))["params"]
+        state = (params, optimizer.init(params))
+
+        def step(state, step_key):
+            params, opt_state = state
+            index = jax.random.randint(step_key, (config.batch_size,), 0, train[0].shape[0])
+            loss, grads = jax.value_and_grad(loss_fn)(params, *(a[index] for a in train))
+            updates, opt_state = optimizer.update(grads, opt_state, params)
+            return (optax.apply_updates(params, updates), opt_state), loss
+
+        def chunk(state, chunk_key):
+            state, losses = jax.lax.scan(step, state, jax.random.split(chunk_key, config.eval_every))
+            return state, (jnp.mean(losses), accuracy(state[0], *test))
+
+        _, (losses, accuracies) = jax.lax.scan(chunk, state, jax.random.split(batch_key, num_evals))
+        return losses, accuracies
+
+    return jax.jit(jax.vmap(train_one))
+
+
+def train_seeds(method: str, task: str, sizes: dict, config: ProbeConfig) -> dict:
+    """Trains config.seeds seeds of `method` on `task` in one vmapped program.
+
+    Returns {"loss": [S, E] mean train loss per chunk, "accuracy": [S, E] held-out accuracy
+    after each chunk (E = steps / eval_every), "seeds": [S], "seconds": wall time incl. compile}.
+    """
+    check_method(method)
+    seeds = list(range(config.first_seed, config.first_seed + config.seeds))
+    train, test = seed_data(task, seeds, sizes, config)
+    trainer = _compiled_trainer(method, train.vocab_size,
+                                dataclasses.replace(config, seeds=1, first_seed=0))
+    keys = jnp.stack([jax.random.PRNGKey(s) for s in seeds])
+    start = time.perf_counter()
+    losses, accuracies = trainer(keys, tuple(train[:3]), tuple(test[:3]))
+    losses, accuracies = np.asarray(losses), np.asarray(accuracies)
+    return {"seeds": seeds, "loss": losses, "accuracy": accuracies,
+            "seconds": time.perf_counter() - start}
+
+
+def run_probe(task: str, methods: list[str], config: ProbeConfig, sizes: dict | None = None,
+              reference: str = "fpa") -> dict:
+    """Every method on `task`; successes, Fisher p-values of `reference` vs each other method.
+
+    Returns a JSON-ready dict: task, sizes, threshold, config, and per method successes,
+    seeds, final accuracies, curves and wall seconds; "fisher" maps method -> p-value.
+    """
+    if task not in TASKS:
+        raise ValueError(f"task must be one of {sorted(TASKS)}, got {task!r}")
+    if not methods:
+        raise ValueError("methods must name at least one method")
+    for method in methods:
+        check_method(method)
+    defaults = task_sizes(task)
+    sizes = dict(sizes or {})
+    unknown = sorted(set(sizes) - set(defaults))
+    if unknown:
+        raise ValueError(f"{task}: unknown size(s) {unknown}; expected some of {sorted(defaults)}")
+    sizes = {**defaults, **sizes}
+    threshold = TASKS[task].threshold
+    results = {}
+    for method in methods:
+        run = train_seeds(method, task, sizes, config)
+        final = run["accuracy"][:, -1]
+        results[method] = {
+            "successes": int(np.sum(final > threshold)),
+            "seeds": config.seeds,
+            "final_accuracy": [float(a) for a in final],
+            "accuracy_curves": run["accuracy"].tolist(),
+            "loss_curves": run["loss"].tolist(),
+            "seconds": run["seconds"],
+        }
+    fisher = {}
+    if reference in results:
+        ref = results[reference]
+        fisher = {m: fisher_greater(ref["successes"], ref["seeds"], r["successes"], r["seeds"])
+                  for m, r in results.items() if m != reference}
+    return {"task": task, "sizes": sizes, "threshold": threshold, "reference": reference,
+            "config": dataclasses.asdict(config), "steps_axis":
+            [config.eval_every * (i + 1) for i in range(config.steps // config.eval_every)],
+            "methods": results, "fisher": fisher}

@@ -1,0 +1,358 @@
+"""Synthetic probe tasks: pure generators of (tokens, targets, mask) from a seed and sizes.
+
+    generator(seed, num_sequences, **sizes) -> ProbeData
+    tokens  int32 [N, T]   the input sequence (0 = PAD at the end of short sequences)
+    targets int32 [N, T]   the token id the model must output at each position (causal: the
+                           answer at position t may use tokens[<= t] only)
+    mask    bool  [N, T]   positions that are scored (held-out accuracy = mean over mask)
+
+Answers are token ids of the task's own vocabulary (`vocab_size`), so one output head of size
+vocab_size serves every task. Every generator draws from np.random.default_rng(seed) only, so
+equal arguments give equal data. Each docstring states the task and its id layout exactly; a
+task's threshold in TASKS is the held-out accuracy a seed must exceed to count as a success.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Callable, NamedTuple
+
+import numpy as np
+
+PAD = 0
+
+
+class ProbeData(NamedTuple):
+    tokens: np.ndarray
+    targets: np.ndarray
+    mask: np.ndarray
+    vocab_size: int
+
+
+def _check_sizes(task: str, **sizes) -> None:
+    for name, value in sizes.items():
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise ValueError(f"{task}: {name} must be a positive int, got {value!r}")
+
+
+def _pack(rows: list[tuple[list[int], list[int], list[bool]]], vocab_size: int) -> ProbeData:
+    """Right-pads variable-length rows with PAD (target PAD, unscored)."""
+    length = max(len(tokens) for tokens, _, _ in rows)
+    tokens = np.zeros((len(rows), length), np.int32)
+    targets = np.zeros((len(rows), length), np.int32)
+    mask = np.zeros((len(rows), length), bool)
+    for i, (tok, tgt, msk) in enumerate(rows):
+        tokens[i, :len(tok)] = tok
+        targets[i, :len(tgt)] = tgt
+        mask[i, :len(msk)] = msk
+    return ProbeData(tokens, targets, mask, vocab_size)
+
+
+# ----------------------------------------------------------------------------------------------
+# Ladder / live-key sets and variable-duration dips
+# ----------------------------------------------------------------------------------------------
+
+
+def ladder_layout(rungs: int, num_values: int) -> dict[str, int]:
+    """Id offsets of the ladder tasks: PAD 0, DEAD 1, ALIVE 2, VAL(v) = 3 + v,
+    DIP(d) = 3 + V + d (d = 0..r), ASK(v) = 4 + V + r + v, DOWN, HOLD, UP after those."""
+    val = 3
+    dip = val + num_values
+    ask = dip + rungs + 1
+    down = ask + num_values
+    return {"dead": 1, "alive": 2, "val": val, "dip": dip, "ask": ask,
+            "down": down, "hold": down + 1, "up": down + 2, "vocab_size": down + 3}
+
+
+def _ladder_rows(rng, rungs, num_values, num_dips, num_queries, duration):
+    layout = ladder_layout(rungs, num_values)
+    values = rng.choice(num_values, size=rungs, replace=False)
+    tokens = [layout["val"] + int(v) for v in values]
+    targets = [PAD] * rungs
+    mask = [False] * rungs
+    events = np.array([True] * num_dips + [False] * num_queries)
+    rng.shuffle(events)
+    lowest = rungs  # the deepest level reached so far; rung i (1-based) is alive iff i <= lowest
+    for is_dip in events:
+        if is_dip:
+            depth = int(rng.integers(0, rungs + 1))
+            lowest = min(lowest, depth)
+            if duration:
+                hold = int(rng.integers(1, 3))
+                steps = rungs - depth
+                dip = ([layout["down"]] * steps + [layout["hold"]] * (hold - 1)
+                       + [layout["up"]] * steps)
+            else:
+                dip = [layout["dip"] + depth]
+            tokens += dip
+            targets += [PAD] * len(dip)
+            mask += [False] * len(dip)
+        else:
+            rung = int(rng.integers(0, rungs))  # 0-based: rung index rung + 1
+            tokens.append(layout["ask"] + int(values[rung]))
+            targets.append(layout["alive"] if rung + 1 <= lowest else layout["dead"])
+            mask.append(True)
+    return tokens, targets, mask
+
+
+def ladder(seed: int, num_sequences: int, rungs: int = 6, num_values: int | None = None,
+           num_dips: int = 3, num_queries: int = 8) -> ProbeData:
+    """Ladder / live-key set: which written keys survive dips of random depth.
+
+    Write phase: r rung tokens VAL(v_1) .. VAL(v_r), v_i distinct, uniform from num_values
+    symbols (None: num_values = r, so the values are a permutation); rung i sits at level i. Then num_dips dip tokens and num_queries query tokens in
+    random order. DIP(d), d uniform in {0, .., r}, lowers the level to d for one token: every
+    rung above d dies for good. ASK(v_i), i uniform in 1..r, is scored: target ALIVE if
+    i <= min(r, depths of the dips so far), else DEAD. Layout: ladder_layout(r, num_values).
+    """
+    num_values = rungs if num_values is None else num_values
+    _check_sizes("ladder", num_sequences=num_sequences, rungs=rungs, num_values=num_values,
+                 num_dips=num_dips, num_queries=num_queries)
+    if num_values < rungs:
+        raise ValueError(f"ladder: num_values must be >= rungs ({rungs}), got {num_values}")
+    rng = np.random.default_rng(seed)
+    rows = [_ladder_rows(rng, rungs, num_values, num_dips, num_queries, duration=False)
+            for _ in range(num_sequences)]
+    return _pack(rows, ladder_layout(rungs, num_values)["vocab_size"])
+
+
+def variable_dips(seed: int, num_sequences: int, rungs: int = 6, num_values: int | None = None,
+                  num_dips: int = 3, num_queries: int = 8) -> ProbeData:
+    """Variable-duration dips: the ladder task with dips written as unit steps.
+
+    As `ladder`, but a dip to depth d (uniform in {0, .., r}) is the tokens DOWN^(r-d),
+    HOLD^(k-1), UP^(r-d) with k uniform in {1, 2}: the level falls by one per DOWN, stays at
+    its deepest value d for k tokens (the last DOWN plus k-1 HOLDs), and climbs back by one per
+    UP. A rung i dies once the level falls below i. Scoring as in `ladder` (ALIVE iff
+    i <= min depth so far); queries occur only between dips. Layout: ladder_layout(r, num_values).
+    """
+    num_values = rungs if num_values is None else num_values
+    _check_sizes("variable_dips", num_sequences=num_sequences, rungs=rungs,
+                 num_values=num_values, num_dips=num_dips, num_queries=num_queries)
+    if num_values < rungs:
+        raise ValueError(f"variable_dips: num_values must be >= rungs ({rungs}), got {num_values}")
+    rng = np.random.default_rng(seed)
+    rows = [_ladder_rows(rng, rungs, num_values, num_dips, num_queries, duration=True)
+            for _ in range(num_sequences)]
+    return _pack(rows, ladder_layout(rungs, num_values)["vocab_size"])
+
+
+# ----------------------------------------------------------------------------------------------
+# Push-pop
+# ----------------------------------------------------------------------------------------------
+
+
+def push_pop(seed: int, num_sequences: int, length: int = 32, num_values: int = 8,
+             max_depth: int = 8) -> ProbeData:
+    """Push-pop: report the top of a stack after every pop.
+
+    Ids: PAD 0, EMPTY 1, POP 2, PUSH(v) = 3 + v for v < num_values. Each of the `length`
+    tokens is PUSH(v) (v uniform) with probability 1/2, else POP; the stack starts empty, an
+    empty stack always pushes and a full one (max_depth) always pops. Scored at POP positions:
+    target = PUSH(top value) of the stack after the pop, or EMPTY if it is empty.
+    """
+    _check_sizes("push_pop", num_sequences=num_sequences, length=length,
+                 num_values=num_values, max_depth=max_depth)
+    rng = np.random.default_rng(seed)
+    rows = []
+    for _ in range(num_sequences):
+        stack, tokens, targets, mask = [], [], [], []
+        for _ in range(length):
+            push = (not stack) or (len(stack) < max_depth and rng.random() < 0.5)
+            if push:
+                value = int(rng.integers(num_values))
+                stack.append(value)
+                tokens.append(3 + value)
+                targets.append(PAD)
+                mask.append(False)
+            else:
+                stack.pop()
+                tokens.append(2)
+                targets.append(3 + stack[-1] if stack else 1)
+                mask.append(True)
+        rows.append((tokens, targets, mask))
+    return _pack(rows, 3 + num_values)
+
+
+# ----------------------------------------------------------------------------------------------
+# Flip-flop, copy, counting
+# ----------------------------------------------------------------------------------------------
+
+
+def flip_flop(seed: int, num_sequences: int, num_pairs: int = 16, p_write: int | float = 0.2,
+              p_read: int | float = 0.2) -> ProbeData:
+    """Flip-flop language: recall the last written bit at every read.
+
+    Ids: PAD 0, WRITE 1, READ 2, IGNORE 3, ZERO 4, ONE 5. A sequence is num_pairs pairs
+    (instruction, bit); the first instruction is WRITE, later ones WRITE / READ / IGNORE with
+    probabilities p_write, p_read, 1 - p_write - p_read. Bits after WRITE and IGNORE are
+    uniform; the bit after READ equals the last written bit. Scored at READ positions (the
+    model predicts the next token): target = ZERO/ONE of the last written bit.
+    """
+    _check_sizes("flip_flop", num_sequences=num_sequences, num_pairs=num_pairs)
+    if not (0 < p_write and 0 <= p_read and p_write + p_read <= 1):
+        raise ValueError(f"flip_flop: need 0 < p_write, 0 <= p_read, p_write + p_read <= 1, "
+                         f"got {p_write}, {p_read}")
+    rng = np.random.default_rng(seed)
+    rows = []
+    for _ in range(num_sequences):
+        tokens, targets, mask, last = [], [], [], 0
+        for pair in range(num_pairs):
+            draw = rng.random()
+            instruction = 1 if pair == 0 or draw < p_write else (2 if draw < p_write + p_read else 3)
+            bit = int(rng.integers(2))
+            if instruction == 1:
+                last = bit
+            elif instruction == 2:
+                bit = last
+            tokens += [instruction, 4 + bit]
+            targets += [4 + bit if instruction == 2 else PAD, PAD]
+            mask += [instruction == 2, False]
+        rows.append((tokens, targets, mask))
+    return _pack(rows, 6)
+
+
+def copy(seed: int, num_sequences: int, length: int = 8, num_values: int = 8) -> ProbeData:
+    """Copy: repeat a random string after a separator.
+
+    Ids: PAD 0, SEP 1, SYM(v) = 2 + v. Tokens x_1 .. x_n SEP x_1 .. x_{n-1} (n = length, x_i
+    uniform over num_values). Scored at SEP and the copied positions: the target at SEP is
+    x_1 and at the j-th copied token (x_j) it is x_{j+1}.
+    """
+    _check_sizes("copy", num_sequences=num_sequences, length=length, num_values=num_values)
+    rng = np.random.default_rng(seed)
+    symbols = 2 + rng.integers(num_values, size=(num_sequences, length))
+    sep = np.ones((num_sequences, 1), np.int64)
+    tokens = np.concatenate([symbols, sep, symbols[:, :-1]], axis=1).astype(np.int32)
+    targets = np.zeros_like(tokens)
+    targets[:, length:] = symbols
+    mask = np.zeros(tokens.shape, bool)
+    mask[:, length:] = True
+    return ProbeData(tokens, targets, mask, 2 + num_values)
+
+
+def counting(seed: int, num_sequences: int, length: int = 24, num_values: int = 4,
+             max_count: int = 8) -> ProbeData:
+    """Counting: how many times has the current symbol occurred so far (itself included)?
+
+    Ids: PAD 0, SYM(v) = 1 + v (v < num_values), COUNT(c) = num_values + c (c = 1..max_count).
+    Each token is uniform over the symbols whose count is still below max_count. Scored at
+    every position: target COUNT(#{u <= t : x_u = x_t}).
+    """
+    _check_sizes("counting", num_sequences=num_sequences, length=length,
+                 num_values=num_values, max_count=max_count)
+    if length > num_values * max_count:
+        raise ValueError(f"counting: length must be <= num_values * max_count "
+                         f"({num_values * max_count}), got {length}")
+    rng = np.random.default_rng(seed)
+    rows = []
+    for _ in range(num_sequences):
+        counts = np.zeros(num_values, int)
+        tokens, targets = [], []
+        for _ in range(length):
+            value = int(rng.choice(np.flatnonzero(counts < max_count)))
+            counts[value] += 1
+            tokens.append(1 + value)
+            targets.append(num_values + int(counts[value]))
+        rows.append((tokens, targets, [True] * length))
+    return _pack(rows, 1 + num_values + max_count)
+
+
+# ----------------------------------------------------------------------------------------------
+# Variable assignment and multi-query associative recall
+# ----------------------------------------------------------------------------------------------
+
+
+def variable_assignment(seed: int, num_sequences: int, length: int = 32, num_vars: int = 4,
+                        num_values: int = 8) -> ProbeData:
+    """Variable assignment with re-assignment: answer a variable's current value.
+
+    Ids: PAD 0, VAR(i) = 1 + i (i < num_vars), VAL(v) = 1 + num_vars + v, ASK(i) =
+    1 + num_vars + num_values + i. Events until `length` tokens: with probability 1/2 (always
+    while nothing is assigned) an assignment VAR(i) VAL(v) (i, v uniform; re-assigning
+    overwrites), else a query ASK(i) for i uniform among the assigned variables. A trailing
+    single slot holds a query, or PAD if none can be asked. Scored at ASK: target VAL(latest v).
+    """
+    _check_sizes("variable_assignment", num_sequences=num_sequences, length=length,
+                 num_vars=num_vars, num_values=num_values)
+    rng = np.random.default_rng(seed)
+    ask = 1 + num_vars + num_values
+    rows = []
+    for _ in range(num_sequences):
+        store, tokens, targets, mask = {}, [], [], []
+        while len(tokens) < length:
+            room = length - len(tokens)
+            if store and (room == 1 or rng.random() < 0.5):
+                var = int(rng.choice(sorted(store)))
+                tokens.append(ask + var)
+                targets.append(1 + num_vars + store[var])
+                mask.append(True)
+            elif room >= 2:
+                var, value = int(rng.integers(num_vars)), int(rng.integers(num_values))
+                store[var] = value
+                tokens += [1 + var, 1 + num_vars + value]
+                targets += [PAD, PAD]
+                mask += [False, False]
+            else:
+                break
+        rows.append((tokens, targets, mask))
+    return _pack(rows, ask + num_vars)
+
+
+def mqar(seed: int, num_sequences: int, num_pairs: int = 8, num_queries: int = 8,
+         num_keys: int = 16, num_values: int = 16, overwrite: int | bool = 0) -> ProbeData:
+    """Multi-query associative recall (MQAR), optionally with overwrites.
+
+    Ids: PAD 0, KEY(k) = 1 + k (k < num_keys), VAL(v) = 1 + num_keys + v. Context: num_pairs
+    pairs KEY(k) VAL(v), v uniform. Without overwrite the keys are distinct (uniform without
+    replacement); with overwrite each pair after the first re-uses an earlier key with
+    probability 1/2 (then its value is redrawn). Then num_queries tokens KEY(k), k uniform over
+    the context's keys, each scored: target VAL(value of k's latest pair).
+    """
+    _check_sizes("mqar", num_sequences=num_sequences, num_pairs=num_pairs,
+                 num_queries=num_queries, num_keys=num_keys, num_values=num_values)
+    if num_pairs > num_keys:
+        raise ValueError(f"mqar: num_pairs must be <= num_keys ({num_keys}), got {num_pairs}")
+    rng = np.random.default_rng(seed)
+    rows = []
+    for _ in range(num_sequences):
+        fresh = list(rng.permutation(num_keys))
+        store, tokens = {}, []
+        for pair in range(num_pairs):
+            if overwrite and pair > 0 and rng.random() < 0.5:
+                key = int(rng.choice(sorted(store)))
+            else:
+                key = int(fresh.pop())
+            store[key] = int(rng.integers(num_values))
+            tokens += [1 + key, 1 + num_keys + store[key]]
+        keys = sorted(store)
+        queries = [int(keys[i]) for i in rng.integers(len(keys), size=num_queries)]
+        rows.append((tokens + [1 + k for k in queries],
+                     [PAD] * len(tokens) + [1 + num_keys + store[k] for k in queries],
+                     [False] * len(tokens) + [True] * num_queries))
+    return _pack(rows, 1 + num_keys + num_values)
+
+
+class Task(NamedTuple):
+    generate: Callable[..., ProbeData]
+    threshold: float  # held-out accuracy a seed must exceed to count as a success
+
+
+TASKS: dict[str, Task] = {
+    "ladder": Task(ladder, 0.95),
+    "variable_dips": Task(variable_dips, 0.95),
+    "push_pop": Task(push_pop, 0.9),
+    "flip_flop": Task(flip_flop, 0.99),
+    "copy": Task(copy, 0.95),
+    "counting": Task(counting, 0.95),
+    "variable_assignment": Task(variable_assignment, 0.95),
+    "mqar": Task(mqar, 0.9),
+}
+
+
+def task_sizes(name: str) -> dict[str, object]:
+    """The size keywords (and defaults) of task `name`'s generator."""
+    if name not in TASKS:
+        raise ValueError(f"task must be one of {sorted(TASKS)}, got {name!r}")
+    params = inspect.signature(TASKS[name].generate).parameters
+    return {key: p.default for key, p in params.items() if key not in ("seed", "num_sequences")}
