@@ -385,6 +385,10 @@ class UnreadableCheckpointError(RuntimeError):
     """A step exists but cannot be restored faithfully (missing, truncated or altered data)."""
 
 
+class NoReadableCheckpointError(RuntimeError):
+    """Steps exist but none of them can be restored."""
+
+
 class Checkpointer:
     """Saves and restores train state + data-iterator state + a JSON record, one step at a time.
 
@@ -396,6 +400,8 @@ class Checkpointer:
     async_save: write in a background thread (the device->host copy happens inside `save`,
         so the caller may donate/overwrite the state buffers once `save` returns).
     verify_fingerprints: record per-leaf fingerprints at save and check them at restore.
+    read_only: for readers (eval, export, a CPT reference): the directory must exist, nothing
+        in it is created, cleaned up, quarantined or deleted, and `save` refuses.
     """
 
     def __init__(
@@ -406,6 +412,7 @@ class Checkpointer:
         max_to_keep: int = 3,
         async_save: bool = True,
         verify_fingerprints: bool = True,
+        read_only: bool = False,
     ):
         for name, value in (("save_interval_steps", save_interval_steps),
                             ("max_to_keep", max_to_keep)):
@@ -413,8 +420,12 @@ class Checkpointer:
                 raise ValueError(f"{name}: expected an int >= 1, got {value!r}")
         self.directory = Path(directory).absolute()
         self._verify = verify_fingerprints
+        self.read_only = read_only
+        if read_only and not self.directory.is_dir():
+            raise FileNotFoundError(f"{self.directory}: checkpoint directory does not exist")
         self.directory.mkdir(parents=True, exist_ok=True)
-        for leftover in sorted(p for p in self.directory.iterdir() if TMP_MARKER in p.name):
+        for leftover in sorted(p for p in self.directory.iterdir()
+                               if TMP_MARKER in p.name and not read_only):
             log.warning(
                 "checkpoint %s was never committed (a save interrupted before its final rename); "
                 "ignoring it and removing it", leftover,
@@ -427,9 +438,17 @@ class Checkpointer:
             ]),
             preservation_policy=policies.LatestN(n=max_to_keep),
             enable_async_checkpointing=async_save,
-            cleanup_tmp_directories=True,
+            cleanup_tmp_directories=not read_only,
         )
-        self._manager = ocp.CheckpointManager(self.directory, options=options)
+        absl_log = logging.getLogger("absl")
+        level = absl_log.level
+        if read_only:   # Orbax warns that read_only turns saving off: that is the point
+            absl_log.setLevel(logging.ERROR)
+        try:
+            options = dataclasses.replace(options, read_only=read_only)
+            self._manager = ocp.CheckpointManager(self.directory, options=options)
+        finally:
+            absl_log.setLevel(level)
 
     # -- queries
 
@@ -468,6 +487,8 @@ class Checkpointer:
         """
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise ValueError(f"step: expected an int >= 0, got {step!r}")
+        if self.read_only:
+            raise RuntimeError(f"{self.directory}: opened read-only, cannot save step {step}")
         if step in self._manager.all_steps():
             log.info("checkpoint step %d already exists; not saving it again", step)
             return False
@@ -524,11 +545,11 @@ class Checkpointer:
                           step, self.directory, error)
                 failures.append(step)
                 continue
-            if failures:
+            if failures and not self.read_only:
                 self._quarantine(failures)
                 log.warning("restored step %d after skipping unreadable steps %s", step, failures)
             return restored
-        raise RuntimeError(
+        raise NoReadableCheckpointError(
             f"no readable checkpoint in {self.directory}: steps {steps} all failed (see log)"
         )
 

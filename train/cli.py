@@ -7,37 +7,76 @@
     plot RUN_DIR                    loss.png and position_loss.png
     bench CONFIG [key=value ...]    tokens/s and peak memory of the train step
     main [key=value ...]            the tiny FPA preset end to end, with a summary table
+
+Run directory of fit/cpt/main: --run-dir, else train.run_dir, else runs/<config>[-<hash of the
+overrides>] (train/runs.py), so re-running a command resumes its run; --new starts another.
+The first line says which ("new run in DIR" / "resuming DIR from step N").
+
+Exit codes:
+    0    finished (or nothing left to do)
+    1    error: a user mistake (data, checkpoints, run directory), printed as one line
+         `error: ...` (-v: with the traceback)
+    2    invalid command line or config (argparse; a bad preset, override or YAML file)
+    3    training diverged (non-finite loss or gradient norm, train.on_nonfinite=stop)
+    75   stopped by SIGTERM/SIGINT after checkpointing: re-run the same command to resume
+         (EX_TEMPFAIL: a scheduler should requeue)
+A genuine bug is not caught: Python prints its traceback and exits 1.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import logging
 import sys
 from pathlib import Path
 
 from train.config import Config, ConfigError, load_config
+from train.runs import DEFAULT_RUNS_DIR
 
-DEFAULT_RUNS_DIR = Path("runs")
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_DIVERGED = 3
+EXIT_PREEMPTED = 75
 MAIN_PRESET = "tiny_fpa"
 NOT_IMPLEMENTED = {
-    "probe": "synthetic-task probes (ladder, flip-flop, MQAR, ...)",
     "generate": "sampling text from a checkpoint",
-    "export": "exporting parameters of a checkpoint",
 }
 
 
-def _default_run_dir(config: Config) -> Path:
-    if config.train.run_dir:
-        return Path(config.train.run_dir)
-    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    return DEFAULT_RUNS_DIR / f"{config.name}-{stamp}"
+class UserError(Exception):
+    """A mistake on the command line or in its inputs: printed as one `error:` line."""
 
 
-def _run_dir(args, config: Config) -> Path:
-    return Path(args.run_dir) if args.run_dir else _default_run_dir(config)
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    return value
+
+
+def _run_dir(args, config_source: str | None, config: Config) -> Path:
+    """--run-dir, train.run_dir, or the default derived from the config; prints which run."""
+    from train.runs import checkpoint_steps, default_run_dir
+
+    if args.run_dir or config.train.run_dir:
+        run_dir = Path(args.run_dir or config.train.run_dir)
+        if args.new and checkpoint_steps(run_dir):
+            raise UserError(f"--new: {run_dir} already holds a run; leave out --run-dir "
+                            f"(and train.run_dir) or name a fresh directory")
+    else:
+        run_dir = default_run_dir(config_source, config, new=args.new)
+    steps = checkpoint_steps(run_dir)
+    print(f"resuming {run_dir} from step {steps[-1]}" if steps else f"new run in {run_dir}",
+          flush=True)
+    return run_dir
+
+
+def _fit_exit_code(result) -> int:
+    return EXIT_PREEMPTED if result.preempted else 0
 
 
 def _format_loss(value) -> str:
@@ -51,7 +90,9 @@ def _fit_summary(result, config: Config, extra: list[tuple[str, str]] = ()) -> s
         ("config", config.name),
         ("parameters", f"{result.params / 1e6:.3f}M"),
         ("steps", f"{result.steps} (started at {result.start_step})"
-                  + (" -- stopped early by a signal" if result.preempted else "")),
+                  + (" -- stopped early by a signal" if result.preempted else "")
+                  + (f", {result.skipped_steps} non-finite skipped" if result.skipped_steps
+                     else "")),
         ("final train loss", _format_loss(result.train_loss)),
         ("eval loss", "n/a" if result.eval_loss is None
          else f"{result.eval_loss:.4f} (step {result.eval_step})"),
@@ -76,9 +117,9 @@ def command_fit(args) -> int:
     _start_jax()
     from train.fit import fit
 
-    result = fit(config, _run_dir(args, config))
+    result = fit(config, _run_dir(args, args.config, config))
     print(_fit_summary(result, config))
-    return 0
+    return _fit_exit_code(result)
 
 
 def command_cpt(args) -> int:
@@ -86,9 +127,9 @@ def command_cpt(args) -> int:
     _start_jax()
     from train.cpt import continued_pretraining
 
-    result = continued_pretraining(config, _run_dir(args, config))
+    result = continued_pretraining(config, _run_dir(args, args.config, config))
     print(_fit_summary(result, config))
-    return 0
+    return _fit_exit_code(result)
 
 
 def command_main(args) -> int:
@@ -97,11 +138,11 @@ def command_main(args) -> int:
     from train.fit import fit
     from train.plot import plot_run
 
-    run_dir = _run_dir(args, config)
+    run_dir = _run_dir(args, MAIN_PRESET, config)
     result = fit(config, run_dir)
     plots = plot_run(run_dir)
     print(_fit_summary(result, config, [("plots", ", ".join(str(p) for p in plots))]))
-    return 0
+    return _fit_exit_code(result)
 
 
 def command_eval(args) -> int:
@@ -109,7 +150,11 @@ def command_eval(args) -> int:
     from train.evaluate import evaluate_run
     from train.metrics import format_table
 
-    result = evaluate_run(args.run_dir, seq_len=args.seq_len, num_batches=args.batches)
+    if not Path(args.run_dir).is_dir():
+        raise UserError(f"{args.run_dir}: run directory does not exist")
+    result = evaluate_run(args.run_dir, seq_len=args.seq_len, num_batches=args.batches,
+                          step=args.step)
+    print(f"evaluated step {result['step']} of {args.run_dir}", flush=True)
     out = Path(args.out) if args.out else Path(args.run_dir) / (
         f"eval-step{result['step']}-len{result['seq_len']}.json")
     out.write_text(json.dumps(result, indent=1) + "\n")
@@ -181,6 +226,11 @@ def command_bench(args) -> int:
     return 0
 
 
+def command_probe(args) -> int:
+    from train.probes.cli import main as probe_main
+    return probe_main(args.rest)
+
+
 def command_not_implemented(args) -> int:
     print(f"error: `{args.command}` ({NOT_IMPLEMENTED[args.command]}) is not implemented yet",
           file=sys.stderr)
@@ -210,13 +260,18 @@ def build_parser() -> argparse.ArgumentParser:
     ]:
         sub = with_config(name, text, handler)
         sub.add_argument("--run-dir", help="run directory (default: train.run_dir or "
-                                           "runs/<config>-<timestamp>)")
+                                           "runs/<config>[-<hash of the overrides>])")
+        sub.add_argument("--new", action="store_true",
+                         help="start another run instead of resuming the default directory's")
 
     sub = commands.add_parser("eval", help="held-out loss of a run's newest checkpoint",
                               description="held-out loss of a run's newest checkpoint")
     sub.add_argument("run_dir")
-    sub.add_argument("--seq-len", type=int, help="evaluate at this context length")
-    sub.add_argument("--batches", type=int, help="eval batches (default: train.eval_batches)")
+    sub.add_argument("--seq-len", type=_positive_int, help="evaluate at this context length")
+    sub.add_argument("--batches", type=_positive_int,
+                     help="eval batches (default: train.eval_batches)")
+    sub.add_argument("--step", type=int, help="checkpoint step (default: the newest readable; "
+                                              "an unreadable requested step is an error)")
     sub.add_argument("--out", help="JSON output (default: RUN_DIR/eval-step<N>-len<L>.json)")
     sub.set_defaults(handler=command_eval)
 
@@ -237,9 +292,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub.set_defaults(handler=command_plot)
 
     sub = with_config("bench", "tokens/s and peak memory of the train step", command_bench)
-    sub.add_argument("--context", type=int, help="sequence length (overrides data.seq_len)")
-    sub.add_argument("--batch-size", type=int, help="global batch (overrides data.batch_size)")
-    sub.add_argument("--steps", type=int, default=10, help="timed steps")
+    sub.add_argument("--context", type=_positive_int,
+                     help="sequence length (overrides data.seq_len)")
+    sub.add_argument("--batch-size", type=_positive_int,
+                     help="global batch (overrides data.batch_size)")
+    sub.add_argument("--steps", type=_positive_int, default=10, help="timed steps")
     sub.add_argument("--warmup", type=int, default=2, help="untimed steps after compiling")
     sub.add_argument("--out", help="JSON output (default: runs/bench-<config>-len<T>.json)")
 
@@ -248,8 +305,16 @@ def build_parser() -> argparse.ArgumentParser:
                               description=f"train the {MAIN_PRESET} preset and print a summary")
     sub.add_argument("overrides", nargs="*", metavar="key=value")
     sub.add_argument("--run-dir")
+    sub.add_argument("--new", action="store_true", help="start another run instead of resuming")
     sub.set_defaults(handler=command_main)
 
+    from train.export_cli import add_export_command
+
+    add_export_command(commands)
+    sub = commands.add_parser("probe", help="synthetic-task probes over many seeds "
+                              "(`probe list` shows tasks and methods)")
+    sub.add_argument("rest", nargs=argparse.REMAINDER, metavar="TASK [key=value ...]")
+    sub.set_defaults(handler=command_probe)
     for name, what in NOT_IMPLEMENTED.items():
         sub = commands.add_parser(name, help=f"{what} (not implemented yet)",
                                   description=f"{what} (not implemented yet)")
@@ -262,8 +327,28 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
+    from train.checkpoint import NoReadableCheckpointError, UnreadableCheckpointError
+    from train.runs import RunLockedError
+
     try:
         return args.handler(args)
-    except ConfigError as error:
-        print(f"config error: {error}", file=sys.stderr)
-        return 2
+    except KeyboardInterrupt:
+        if args.verbose:
+            raise
+        print("error: interrupted before the run could checkpoint", file=sys.stderr)
+        return 130
+    except Exception as error:
+        from train.fit import DivergenceError, RunSetupError
+
+        from yaml import YAMLError
+
+        user_errors = (UserError, ConfigError, YAMLError, FileNotFoundError, NotADirectoryError,
+                       PermissionError, UnreadableCheckpointError, NoReadableCheckpointError,
+                       RunLockedError, DivergenceError, RunSetupError)
+        if args.verbose or not isinstance(error, user_errors):
+            raise
+        what = "malformed YAML: " if isinstance(error, YAMLError) else ""
+        print(f"error: {what}{' '.join(str(error).split())}", file=sys.stderr)
+        if isinstance(error, (ConfigError, YAMLError)):
+            return EXIT_USAGE
+        return EXIT_DIVERGED if isinstance(error, DivergenceError) else EXIT_ERROR

@@ -139,8 +139,9 @@ class TrainConfig:
     position_buckets: int = 8      # per-position eval loss: equal-width buckets of doc position
     checkpoint_every: int = 50     # 0: only the final checkpoint
     keep_checkpoints: int = 3
-    run_dir: str = ""              # "": runs/<preset>-<timestamp>
+    run_dir: str = ""              # "": runs/<preset>[-<hash of the overrides>] (train/runs.py)
     tensorboard: bool = True
+    on_nonfinite: str = "stop"     # non-finite loss/grad norm: "stop" the run, or "skip" the step
 
 
 @dataclasses.dataclass(frozen=True)
@@ -385,6 +386,8 @@ def validate(config: Config) -> None:
                        ("data.max_documents", d.max_documents),
                        ("cpt.l_ref", c.l_ref), ("cpt.l_tar", c.l_tar)]:
         _require(value >= 0, f"{key} must be >= 0, got {value}")
+    _require(t.on_nonfinite in ("stop", "skip"),
+             f"train.on_nonfinite must be 'stop' or 'skip', got {t.on_nonfinite!r}")
     _require(mesh.data == -1 or mesh.data >= 1, f"mesh.data must be -1 or >= 1, got {mesh.data}")
 
     _require(m.pattern != "" and set(m.pattern) <= set(MIXER_LETTERS),

@@ -189,6 +189,8 @@ def resolve_source(source: str, *, max_documents: int | None = None) -> Corpus:
         corpus = _arrayrecord_corpus(source)
     elif Path(source).is_dir():
         corpus = _directory_corpus(Path(source).resolve())
+    elif not glob.has_magic(source) and not Path(source).exists():
+        raise FileNotFoundError(f"source: {source!r} does not exist")
     else:
         corpus = _glob_corpus(source)
     if not corpus.keys:

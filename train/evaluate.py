@@ -46,11 +46,16 @@ def evaluate(session: Session, params: Any, batches: Iterator[dict[str, np.ndarr
 
 
 def evaluate_run(run_dir: str | Path, *, seq_len: int | None = None,
-                 num_batches: int | None = None) -> dict[str, Any]:
-    """Held-out loss of a run's newest checkpoint (optionally at another context length)."""
+                 num_batches: int | None = None, step: int | None = None) -> dict[str, Any]:
+    """Held-out loss of a run's newest readable checkpoint, or of `step` (an error if that
+    step is missing or unreadable), optionally at another context length. Read-only: no
+    checkpoint file is moved or deleted."""
+    for name, value in (("seq_len", seq_len), ("num_batches", num_batches)):
+        if value is not None and value < 1:
+            raise ValueError(f"{name}: expected an int >= 1, got {value}")
     config, tokenizer = load_run(run_dir)
     session = build_session(config, tokenizer.vocab_size)
-    restored = restore_run_state(run_dir, session)
+    restored = restore_run_state(run_dir, session, step)
     if seq_len is not None:
         config = dataclasses.replace(config, data=dataclasses.replace(config.data, seq_len=seq_len))
         session = build_session(config, tokenizer.vocab_size, session.mesh)

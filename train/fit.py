@@ -7,6 +7,15 @@
     every k      eval (train.eval_every), async checkpoint (train.checkpoint_every) of
                  state + data iterator + {config, extra}
     the end      eval, final checkpoint; SIGTERM/SIGINT: save the current step and stop
+    non-finite   a step whose loss or gradient norm is not finite changes nothing but the step
+                 counter (train/session.py guard_nonfinite); it is noticed at the next log
+                 point or checkpoint, where train.on_nonfinite="stop" raises DivergenceError
+                 before anything more is saved, and "skip" counts it (metrics kind "skipped")
+                 and goes on. Saved states are therefore always finite.
+    run dir      locked for one writer, removed again if the run fails before its first
+                 metric or checkpoint (train/runs.py claimed_run_dir)
+    setup        a ValueError before the first step (data, tokenizer, checkpoint record, the
+                 hooks) is the user's inputs not fitting together: raised as RunSetupError
 
 `extra` is the caller's record kept with every checkpoint; `fit` carries it without reading
 it (continued pretraining, train/cpt.py, keeps its SpectralShift markers there). A resumed
@@ -29,11 +38,11 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 
 from train import checkpoint as ckpt
-from train.config import Config
+from train.config import Config, ConfigError
 from train.evaluate import evaluate
 from train.metrics import MetricsWriter, ProgressBar
 from train.model import count_params
-from train.runs import checkpoint_dir
+from train.runs import checkpoint_dir, claimed_run_dir
 from train.session import (RETIRED_STATE_KEYS, Session, build_session, make_split_dataset,
                            to_global)
 from train.sharding import mesh_context
@@ -69,44 +78,106 @@ class FitResult:
     wall_seconds: float
     preempted: bool
     eval: dict[str, Any] | None
+    skipped_steps: int = 0          # non-finite steps skipped (train.on_nonfinite="skip")
+
+
+class RunSetupError(ValueError):
+    """A ValueError before the first step: the run's inputs do not fit together (an empty data
+    source, a tokenizer or shard mismatch, a CPT reference that does not fit, ...)."""
+
+
+@contextlib.contextmanager
+def _setup_errors():
+    try:
+        yield
+    except (RunSetupError, ConfigError):
+        raise
+    except ValueError as error:
+        raise RunSetupError(str(error)) from error
+
+
+class DivergenceError(RuntimeError):
+    """The loss or gradient norm became non-finite and train.on_nonfinite is "stop"."""
 
 
 def fit(config: Config, run_dir: str | Path, *, hooks: FitHooks = FitHooks(),
         mesh: Mesh | None = None) -> FitResult:
-    """Train `config` in `run_dir`, resuming from its newest checkpoint if there is one."""
+    """Train `config` in `run_dir`, resuming from its newest checkpoint if there is one.
+    Raises DivergenceError (see the module doc) and runs.RunLockedError."""
+    with claimed_run_dir(run_dir) as run_dir:
+        return _fit_locked(config, run_dir, hooks, mesh)
+
+
+def _fit_locked(config: Config, run_dir: Path, hooks: FitHooks, mesh: Mesh | None) -> FitResult:
     started = time.time()
-    run_dir = Path(run_dir)
-    tokenizer = load_tokenizer(config.data.tokenizer)
-    session = build_session(config, tokenizer.vocab_size, mesh)
-    ckpt.save_run_files(run_dir, config=config.to_dict(), tokenizer=tokenizer)
     t = config.train
+    with _setup_errors():
+        tokenizer = load_tokenizer(config.data.tokenizer)
+        session = build_session(config, tokenizer.vocab_size, mesh)
+        ckpt.save_run_files(run_dir, config=config.to_dict(), tokenizer=tokenizer)
+        train_iterator = iter(make_split_dataset(config, tokenizer, "train"))
+        eval_dataset = make_split_dataset(config, tokenizer, "eval")
     checkpointer = ckpt.Checkpointer(
         checkpoint_dir(run_dir), max_to_keep=t.keep_checkpoints,
         save_interval_steps=t.checkpoint_every or (t.steps + 1))
-    train_iterator = iter(make_split_dataset(config, tokenizer, "train"))
-    eval_dataset = make_split_dataset(config, tokenizer, "eval")
     writer = MetricsWriter(run_dir, tensorboard=t.tensorboard)
     bar = ProgressBar(t.steps)
 
-    restored = checkpointer.restore_latest(session.abstract_state, data_iterator=train_iterator,
-                                           ignore_saved=RETIRED_STATE_KEYS)
-    if restored is not None:
-        state, start_step = restored.state, restored.step
-        extra = hooks.resume(restored) if hooks.resume else dict(restored.record.get("extra", {}))
-        bar.message(f"resumed from step {start_step} ({checkpointer.directory})")
-    else:
-        state, start_step = session.init_state(), 0
-        params, extra = hooks.initial(session) if hooks.initial else (None, {})
-        if params is not None:
-            state["params"] = jax.device_put(params, session.state_shardings["params"])
+    try:
+        with _setup_errors():
+            restored = checkpointer.restore_latest(
+                session.abstract_state, data_iterator=train_iterator,
+                ignore_saved=RETIRED_STATE_KEYS)
+            if restored is not None:
+                state, start_step = restored.state, restored.step
+                extra = (hooks.resume(restored) if hooks.resume
+                         else dict(restored.record.get("extra", {})))
+                bar.message(f"resumed from step {start_step} ({checkpointer.directory})")
+            else:
+                state, start_step = session.init_state(), 0
+                params, extra = hooks.initial(session) if hooks.initial else (None, {})
+                if params is not None:
+                    state["params"] = jax.device_put(params, session.state_shardings["params"])
+    except BaseException:
+        writer.close()
+        checkpointer.close()
+        raise
 
     step = start_step
     log = _StepLog(writer, bar, t.steps, config.data.batch_size * config.data.seq_len, start_step)
     eval_loss = eval_step = None
     last_eval: dict[str, Any] | None = None
     preempted = False
+    unchecked: list[tuple[int, dict[str, jax.Array]]] = []
+    skipped_steps = 0
+
+    def check_finite() -> None:
+        """Stops (or counts) the non-finite steps since the last check."""
+        nonlocal skipped_steps
+        if not unchecked:
+            return
+        flags = jax.device_get([(s, m["nonfinite"], m["loss"], m["grad_norm"])
+                                for s, m in unchecked])
+        unchecked.clear()
+        bad = [(s, float(loss), float(norm)) for s, flag, loss, norm in flags if flag]
+        if not bad:
+            return
+        first = bad[0]
+        if t.on_nonfinite == "stop":
+            raise DivergenceError(
+                f"training diverged: non-finite loss {first[1]} / gradient norm {first[2]} at "
+                f"step {first[0]} ({len(bad)} such step(s) since the last check); nothing after "
+                f"checkpoint step {checkpointer.latest_step()} was saved. Lower optim.lr, or set "
+                f"train.on_nonfinite=skip to skip such steps")
+        skipped_steps += len(bad)
+        for s, loss, norm in bad:
+            writer.write("skipped", s, {"loss": loss, "grad_norm": norm,
+                                        "skipped_total": skipped_steps})
+        bar.message(f"skipped {len(bad)} non-finite step(s) (first: step {first[0]}); "
+                    f"{skipped_steps} in this process")
 
     def save(force: bool) -> bool:
+        check_finite()
         return checkpointer.save(step, state=state, data_iterator=train_iterator,
                                  config=config.to_dict(), extra=extra, force=force)
 
@@ -123,7 +194,9 @@ def fit(config: Config, run_dir: str | Path, *, hooks: FitHooks = FitHooks(),
                 state, metrics = session.train_step(state, batch)
                 step += 1
                 log.add(metrics)
+                unchecked.append((step, metrics))
                 if step % t.log_every == 0 or step == t.steps:
+                    check_finite()
                     log.flush(step)
                 eval_due = bool(t.eval_every) and step % t.eval_every == 0 and step < t.steps
                 if eval_due or checkpointer.should_save(step):
@@ -154,7 +227,8 @@ def fit(config: Config, run_dir: str | Path, *, hooks: FitHooks = FitHooks(),
                      tokens_per_second=log.tokens_per_second(),
                      checkpoint_dir=checkpointer.directory,
                      latest_checkpoint=checkpointer.latest_step(),
-                     wall_seconds=time.time() - started, preempted=preempted, eval=last_eval)
+                     wall_seconds=time.time() - started, preempted=preempted, eval=last_eval,
+                     skipped_steps=skipped_steps)
 
 
 class _StepLog:

@@ -3,18 +3,45 @@
     run_dir/config.json       the fully resolved config (train/checkpoint.py save_run_files)
     run_dir/tokenizer/        the run's tokenizer
     run_dir/checkpoints/      Checkpointer steps (train/checkpoint.py)
+    run_dir/run.lock          "pid P on HOST" of the one process writing the run (flock'd)
+
+Default run directory (`default_run_dir`): runs/<config name>, plus "-<8 hex>" of a hash of
+the resolved config's differences from the preset when there are any, so re-running the same
+command (a requeued job) resumes the same run; `new=True` picks runs/<...>-2, -3, ... instead.
+
+One writer per run directory (`claimed_run_dir`): an exclusive flock on run.lock, which the
+kernel drops when the holder exits or dies (a lock file left by a dead process is stale and is
+taken over). A run that fails before it has written a metric or a checkpoint removes the run
+directory it created.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import socket
+from collections.abc import Iterator
 from pathlib import Path
 
+import jax
+
 from train import checkpoint as ckpt
-from train.config import Config, config_from_dict
+from train.config import Config, config_from_dict, load_config
+from train.metrics import METRICS_FILE
 from train.session import RETIRED_STATE_KEYS, Session
 from train.tokenizer import Tokenizer, load_tokenizer
 
 CHECKPOINT_DIRNAME = "checkpoints"
+LOCK_FILE = "run.lock"
+DEFAULT_RUNS_DIR = Path("runs")
+
+
+class RunLockedError(RuntimeError):
+    """Another live process holds the run directory."""
 
 
 def checkpoint_dir(run_dir: str | Path) -> Path:
@@ -32,8 +59,10 @@ def load_run(run_dir: str | Path) -> tuple[Config, Tokenizer]:
 
 def restore_run_state(run_dir: str | Path, session: Session,
                       step: int | None = None) -> ckpt.RestoredCheckpoint:
-    """The newest (or given) checkpoint of a run, restored onto `session`'s shardings."""
-    checkpointer = ckpt.Checkpointer(checkpoint_dir(run_dir))
+    """The newest (or given) checkpoint of a run, restored onto `session`'s shardings.
+    Read-only: nothing in the run directory is moved or deleted (an unreadable newest step is
+    skipped, not quarantined; an unreadable requested `step` raises)."""
+    checkpointer = ckpt.Checkpointer(checkpoint_dir(run_dir), read_only=True)
     try:
         if step is None:
             restored = checkpointer.restore_latest(session.abstract_state,
@@ -41,6 +70,103 @@ def restore_run_state(run_dir: str | Path, session: Session,
             if restored is None:
                 raise FileNotFoundError(f"{run_dir}: no checkpoint in {checkpointer.directory}")
             return restored
-        return checkpointer.restore(step, session.abstract_state, ignore_saved=RETIRED_STATE_KEYS)
+        if step not in checkpointer.all_steps():
+            raise FileNotFoundError(f"{run_dir}: no checkpoint step {step} (steps: "
+                                    f"{checkpointer.all_steps()})")
+        try:
+            return checkpointer.restore(step, session.abstract_state,
+                                        ignore_saved=RETIRED_STATE_KEYS)
+        except ckpt.UnreadableCheckpointError as error:
+            raise ckpt.UnreadableCheckpointError(
+                f"{run_dir}: checkpoint step {step} is unreadable: {error}") from error
     finally:
         checkpointer.close()
+
+
+def checkpoint_steps(run_dir: str | Path) -> list[int]:
+    """Committed checkpoint steps of a run (from the directory names; nothing is opened)."""
+    directory = checkpoint_dir(run_dir)
+    if not directory.is_dir():
+        return []
+    return sorted(int(p.name) for p in directory.iterdir() if p.is_dir() and p.name.isdigit())
+
+
+def _flat(tree: dict, prefix: str = "") -> dict[str, object]:
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def config_differences(preset: Config, config: Config) -> dict[str, object]:
+    """Dotted keys whose resolved value in `config` differs from `preset` (train.run_dir aside)."""
+    base, resolved = _flat(preset.to_dict()), _flat(config.to_dict())
+    return {key: value for key, value in sorted(resolved.items())
+            if key != "train.run_dir" and base.get(key) != value}
+
+
+def default_run_dir(config_source: str | None, config: Config, *, new: bool = False,
+                    runs_dir: Path = DEFAULT_RUNS_DIR) -> Path:
+    """runs/<name>[-<hash of the differences from the preset>]; with `new`, the first of
+    that, -2, -3, ... that does not exist yet."""
+    differences = config_differences(load_config(config_source, []), config)
+    name = config.name
+    if differences:
+        digest = hashlib.sha256(json.dumps(differences, sort_keys=True).encode()).hexdigest()
+        name += "-" + digest[:8]
+    path, index = runs_dir / name, 1
+    while new and path.exists():
+        index += 1
+        path = runs_dir / f"{name}-{index}"
+    return path
+
+
+@contextlib.contextmanager
+def run_lock(run_dir: str | Path) -> Iterator[None]:
+    """Exclusive lock on run_dir/run.lock (process 0 of a multi-host run takes it)."""
+    run_dir = Path(run_dir)
+    if jax.process_index() != 0:
+        yield
+        return
+    run_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "unknown process"
+            raise RunLockedError(
+                f"{run_dir} is in use by another process ({holder}); wait for it to finish, "
+                f"or pass another --run-dir (or --new)") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+        try:
+            yield
+        finally:
+            os.ftruncate(fd, 0)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+def _has_progress(run_dir: Path) -> bool:
+    metrics = run_dir / METRICS_FILE
+    return bool(checkpoint_steps(run_dir)) or (metrics.is_file() and metrics.stat().st_size > 0)
+
+
+@contextlib.contextmanager
+def claimed_run_dir(run_dir: str | Path) -> Iterator[Path]:
+    """The run directory, locked for this process; removed again if this call created it and
+    the body fails before writing a metric or checkpoint (no partial run is left behind)."""
+    run_dir = Path(run_dir)
+    created = not run_dir.exists()
+    try:
+        with run_lock(run_dir):
+            yield run_dir
+    except BaseException:
+        if created and jax.process_index() == 0 and run_dir.is_dir() and not _has_progress(run_dir):
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise

@@ -5,7 +5,9 @@
                                    the logical rules (train/sharding.py); abstract_state holds
                                    its ShapeDtypeStructs with shardings, for restoring
     train_step, eval_step          train/step.py, jitted with those shardings (the train
-                                   state is donated)
+                                   state is donated); a step whose loss or gradient norm is
+                                   not finite keeps params and opt_state as they were (only
+                                   "step" advances) and reports metrics["nonfinite"] = 1
     data streams                   train: the training documents; eval: held-out documents
                                    in a fixed shuffled order; batch_size / process per process
 
@@ -54,6 +56,23 @@ class Session:
     init_state: Callable[[], State]
 
 
+def guard_nonfinite(train_step: Callable[[State, dict], tuple[State, dict]]):
+    """train_step whose update is dropped when the loss or gradient norm is not finite:
+    new params/opt_state = where(finite, updated, previous); metrics gain "nonfinite" (0./1.).
+    Nothing non-finite ever reaches the state, so nothing non-finite can be checkpointed."""
+
+    def guarded(state, batch):
+        new_state, metrics = train_step(state, batch)
+        finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(metrics["grad_norm"])
+        kept = jax.tree.map(lambda new, old: jnp.where(finite, new, old),
+                            {k: new_state[k] for k in ("params", "opt_state")},
+                            {k: state[k] for k in ("params", "opt_state")})
+        return ({**new_state, **kept},
+                {**metrics, "nonfinite": jnp.logical_not(finite).astype(jnp.float32)})
+
+    return guarded
+
+
 def default_mesh(config: Config) -> Mesh:
     return make_mesh(validate_for_devices(config, jax.device_count()))
 
@@ -93,7 +112,7 @@ def build_session(config: Config, vocab_size: int, mesh: Mesh | None = None) -> 
 
     data_sharding = batch_sharding(mesh)
     batch_shardings = {"tokens": data_sharding, "segment_ids": data_sharding}
-    train_step = jax.jit(make_train_step(model, optimizer, schedule),
+    train_step = jax.jit(guard_nonfinite(make_train_step(model, optimizer, schedule)),
                          in_shardings=(shardings, batch_shardings),
                          out_shardings=(shardings, replicated(mesh)), donate_argnums=(0,))
     eval_step = jax.jit(

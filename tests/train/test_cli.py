@@ -1,0 +1,241 @@
+"""Trainer reliability through the command line (issue 11): one-line user errors, exit codes,
+the default run directory, the run lock, divergence, read-only eval.
+
+In-process `main([...])` except where a real signal and exit code are the point (one
+subprocess test). Every fit here is a 1-layer width-16 model on a small corpus.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import train.session
+from train.cli import EXIT_DIVERGED, EXIT_PREEMPTED, main
+from train.config import load_config
+from train.metrics import read_metrics
+from train.runs import (RunLockedError, checkpoint_dir, checkpoint_steps, claimed_run_dir,
+                        default_run_dir, restore_run_state, run_lock)
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = ["model.d_model=16", "model.num_layers=1", "attention.kind=softmax",
+        "attention.position=rope", "attention.num_heads=2", "attention.head_dim=8",
+        "data.seq_len=16", "data.batch_size=2", "data.heldout_fraction=0.2",
+        "optim.warmup_steps=1", "train.log_every=1", "train.eval_batches=1",
+        "train.eval_every=0", "train.position_buckets=2", "train.tensorboard=false"]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    root = tmp_path_factory.mktemp("corpus")
+    rng = np.random.default_rng(11)
+    words = ["def", "return", "x", "y", "(", ")", ":", "=", "+", "1", "\n", "    "]
+    for index in range(12):
+        (root / f"doc_{index:02d}.py").write_text(
+            " ".join(rng.choice(words, size=int(rng.integers(40, 120)))))
+    return root
+
+
+def overrides(corpus, *more):
+    return [*TINY, f"data.source={corpus}", *more]
+
+
+def error_line(capsys, after_progress: bool = False) -> str:
+    """The one `error:` line on stderr (after the progress lines of a run that started)."""
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "Traceback" not in "\n".join(err), err
+    if after_progress:
+        err = err[-1:]
+    assert len(err) == 1 and err[0].startswith("error: "), err
+    return err[0]
+
+
+# ------------------------------------------------------------------ one-line user errors
+
+def test_user_mistakes_are_one_line_errors_and_leave_no_run_dir(tmp_path, corpus, capsys):
+    bad_yaml = tmp_path / "bad.yaml"
+    bad_yaml.write_text("model: [unclosed\n")
+    assert main(["fit", str(bad_yaml), "--run-dir", str(tmp_path / "r0")]) == 2
+    assert "malformed YAML" in error_line(capsys)
+    assert not (tmp_path / "r0").exists()
+
+    run_dir = tmp_path / "r1"
+    assert main(["fit", "tiny_softmax", *overrides(tmp_path / "missing"),
+                 "--run-dir", str(run_dir)]) == 1
+    assert "does not exist" in error_line(capsys)
+    assert not run_dir.exists()                     # failed before its first step: removed
+
+    (tmp_path / "empty_corpus").mkdir()
+    assert main(["fit", "tiny_softmax", *overrides(tmp_path / "empty_corpus"),
+                 "--run-dir", str(run_dir)]) == 1
+    assert "no non-empty documents" in error_line(capsys)
+    assert not run_dir.exists()
+
+    assert main(["eval", str(tmp_path / "nowhere")]) == 1
+    assert "does not exist" in error_line(capsys)
+    (tmp_path / "empty_run").mkdir()
+    assert main(["eval", str(tmp_path / "empty_run")]) == 1
+    error_line(capsys)
+
+    for argv in (["eval", str(tmp_path), "--seq-len", "0"], ["eval", str(tmp_path), "--batches", "0"],
+                 ["bench", "tiny_softmax", "--context", "0"]):
+        with pytest.raises(SystemExit) as exited:
+            main(argv)
+        assert exited.value.code == 2
+        assert "expected an integer >= 1, got 0" in capsys.readouterr().err
+
+
+def test_a_genuine_bug_keeps_its_traceback_and_v_shows_user_errors(monkeypatch, tmp_path):
+    def broken(*args, **kwargs):
+        raise ZeroDivisionError("a bug")
+
+    monkeypatch.setattr("train.fit.fit", broken)
+    with pytest.raises(ZeroDivisionError):
+        main(["fit", "tiny_softmax", "--run-dir", str(tmp_path / "r")])
+    with pytest.raises(Exception, match="does not exist"):     # -v: the traceback
+        main(["-v", "eval", str(tmp_path / "nowhere")])
+
+
+# ------------------------------------------------------------------ default run directory, lock
+
+def test_default_run_dir_is_derived_from_the_config_and_new_starts_another(tmp_path):
+    preset = load_config("tiny_softmax", [])
+    assert default_run_dir("tiny_softmax", preset, runs_dir=tmp_path) == tmp_path / "tiny_softmax"
+    a = load_config("tiny_softmax", ["optim.lr=1e-3", "train.steps=70"])
+    b = load_config("tiny_softmax", ["train.steps=70", "optim.lr=0.001"])
+    c = load_config("tiny_softmax", ["train.steps=80", "optim.lr=0.001"])
+    path = default_run_dir("tiny_softmax", a, runs_dir=tmp_path)
+    assert path == default_run_dir("tiny_softmax", b, runs_dir=tmp_path)
+    assert path.name.startswith("tiny_softmax-") and path != default_run_dir(
+        "tiny_softmax", c, runs_dir=tmp_path)
+    # the run dir itself does not change the name; --new picks the next free one
+    assert default_run_dir("tiny_softmax", load_config(
+        "tiny_softmax", ["optim.lr=1e-3", "train.steps=70", f"train.run_dir={tmp_path}"]),
+        runs_dir=tmp_path) == path
+    assert default_run_dir("tiny_softmax", a, runs_dir=tmp_path, new=True) == path
+    path.mkdir()
+    assert default_run_dir("tiny_softmax", a, runs_dir=tmp_path) == path
+    assert default_run_dir("tiny_softmax", a, runs_dir=tmp_path, new=True).name == path.name + "-2"
+
+
+def test_one_writer_per_run_dir_and_a_dead_holders_lock_is_stale(tmp_path):
+    run_dir = tmp_path / "run"
+    with run_lock(run_dir):
+        with pytest.raises(RunLockedError, match=f"pid {os.getpid()}"):
+            with run_lock(run_dir):
+                pass
+    with run_lock(run_dir):                          # released on exit
+        pass
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); "
+        "fcntl.flock(fd, fcntl.LOCK_EX); os.write(fd, b'pid dead'); print('held', flush=True); "
+        "os.kill(os.getpid(), 9)"), str(run_dir / "run.lock")], stdout=subprocess.PIPE)
+    assert holder.stdout.readline() == b"held\n"
+    holder.wait()
+    assert (run_dir / "run.lock").read_text() == "pid dead"
+    with run_lock(run_dir):                          # the holder died: the lock is stale
+        pass
+    with pytest.raises(ValueError):                  # an existing dir is kept on failure
+        with claimed_run_dir(run_dir):
+            raise ValueError
+    assert run_dir.is_dir()
+
+
+# ------------------------------------------------------------------ divergence
+
+@pytest.fixture
+def nan_at_step_3(monkeypatch):
+    """The train step returns a NaN loss and NaN parameters at step 3 (0-based state step 2)."""
+    original = train.session.make_train_step
+
+    def make_train_step(*args):
+        step_fn = original(*args)
+
+        def poisoned(state, batch):
+            new_state, metrics = step_fn(state, batch)
+            bad = state["step"] == 2
+            poison = lambda x: jnp.where(bad, jnp.nan, x) if jnp.issubdtype(x.dtype, jnp.floating) else x
+            new_state = {**new_state, "params": jax.tree.map(poison, new_state["params"])}
+            return new_state, {**metrics, "loss": poison(metrics["loss"])}
+
+        return poisoned
+
+    monkeypatch.setattr(train.session, "make_train_step", make_train_step)
+
+
+def test_divergence_stops_before_checkpointing_or_skips(tmp_path, corpus, capsys, nan_at_step_3):
+    stop_dir = tmp_path / "stop"
+    argv = ["fit", "tiny_softmax", *overrides(corpus, "train.steps=6", "train.checkpoint_every=2")]
+    assert main([*argv, "--run-dir", str(stop_dir)]) == EXIT_DIVERGED
+    line = error_line(capsys, after_progress=True)
+    assert "diverged" in line and "step 3" in line
+    assert checkpoint_steps(stop_dir) == [2]         # step 4 (after the NaN) was never saved
+
+    skip_dir = tmp_path / "skip"
+    assert main([*argv, "train.on_nonfinite=skip", "--run-dir", str(skip_dir)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"new run in {skip_dir}") and "1 non-finite skipped" in out
+    assert [r["step"] for r in read_metrics(skip_dir) if r["kind"] == "skipped"] == [3]
+    from train.runs import load_run
+    config, tokenizer = load_run(skip_dir)
+    restored = restore_run_state(skip_dir, train.session.build_session(config, tokenizer.vocab_size))
+    assert restored.step == 6
+    assert all(np.all(np.isfinite(np.asarray(x))) for x in jax.tree.leaves(restored.state))
+
+
+# ------------------------------------------------------------------ eval is read-only
+
+def test_eval_is_read_only_and_takes_step(tmp_path, corpus, capsys):
+    run_dir = tmp_path / "run"
+    assert main(["fit", "tiny_softmax", *overrides(corpus, "train.steps=4", "train.checkpoint_every=2"),
+                 "--run-dir", str(run_dir)]) == 0
+    assert checkpoint_steps(run_dir) == [2, 4]
+    capsys.readouterr()
+    for path in (checkpoint_dir(run_dir) / "4").rglob("*"):   # damage the newest step
+        if path.is_file() and path.stat().st_size > 64 and "state" in str(path):
+            path.write_bytes(b"\0" * path.stat().st_size)
+    before = sorted(str(p) for p in run_dir.rglob("*"))
+    assert main(["eval", str(run_dir), "--batches", "1"]) == 0
+    assert capsys.readouterr().out.startswith(f"evaluated step 2 of {run_dir}")
+    assert main(["eval", str(run_dir), "--step", "4", "--batches", "1"]) == 1
+    assert "step 4" in error_line(capsys)
+    assert main(["eval", str(run_dir), "--step", "3", "--batches", "1"]) == 1
+    assert "no checkpoint step 3" in error_line(capsys)
+    after = sorted(str(p) for p in run_dir.rglob("*") if not p.name.startswith("eval-step"))
+    assert after == before                         # nothing moved to quarantine/, nothing deleted
+
+
+# ------------------------------------------------------------------ exit codes (real signals)
+
+def test_sigterm_exits_75_after_checkpoint_and_rerunning_resumes(tmp_path, corpus):
+    env = dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu",
+               JAX_COMPILATION_CACHE_DIR=str(tmp_path / "cache"),
+               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+    command = [sys.executable, "-m", "train", "fit", "tiny_softmax",
+               *overrides(corpus, "train.steps=100000", "train.checkpoint_every=0")]
+
+    def run_until_first_step():
+        process = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, text=True)
+        first = process.stdout.readline()
+        for line in process.stdout:
+            if line.startswith("step "):
+                break
+        process.send_signal(signal.SIGTERM)
+        rest = process.stdout.read()
+        return first, process.wait(timeout=120), rest
+
+    first, rc, rest = run_until_first_step()
+    assert first.startswith("new run in runs/tiny_softmax-") and rc == EXIT_PREEMPTED, rest
+    run_dir = tmp_path / first.split()[-1]
+    steps = checkpoint_steps(run_dir)
+    assert len(steps) == 1 and "stopped early by a signal" in rest
+    first, rc, rest = run_until_first_step()         # the same command resumes that run
+    assert first == f"resuming {run_dir.relative_to(tmp_path)} from step {steps[0]}\n"
+    assert rc == EXIT_PREEMPTED and checkpoint_steps(run_dir)[-1] > steps[0]
