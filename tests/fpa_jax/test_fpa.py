@@ -124,6 +124,10 @@ def test_small_tau_gradient_matches_finite_differences_of_hard_forward():
     """As tau -> 0 the soft minimum's gradient is the hard minimum's (away from ties)."""
     with jax.enable_x64(True):
         q, k, v, phi, psi, beta = (jnp.asarray(x, jnp.float64) for x in make_inputs(SEED + 7, batch=1, length=40, heads=2))
+        # Field values at least 0.05 apart (>> tau): no near-tie can split the soft minimum.
+        order = np.random.default_rng(SEED + 7).permuted(
+            np.broadcast_to(np.arange(40.0)[None, :, None], phi.shape), axis=1)
+        phi = jnp.asarray(0.05 * order - 1.0)
         loss = lambda phi, psi: loss_fn("xla", tau=1e-4, block_size=8)(q, k, v, phi, psi, beta)
         grad_phi, grad_psi = jax.grad(loss, argnums=(0, 1))(phi, psi)
         rng = np.random.default_rng(SEED)
