@@ -12,21 +12,13 @@ softmax core (`fpa_jax.baselines.flash_xla`) both pad this way; padded rows are 
 
 import jax.numpy as jnp
 
+from kernels_pallas.padding import pad_time  # noqa: F401  (re-exported for the blocked paths)
+
 PAD_SEGMENT_ID = int(jnp.iinfo(jnp.int32).min)
 
 
 def padded_length(length, block_size):
     return -(-length // block_size) * block_size
-
-
-def pad_time(x, length, axis=1, value=0):
-    """Pad x along `axis` at the end up to `length` with `value`."""
-    pad = length - x.shape[axis]
-    if pad == 0:
-        return x
-    widths = [(0, 0)] * x.ndim
-    widths[axis] = (0, pad)
-    return jnp.pad(x, widths, constant_values=value)
 
 
 def pad_segment_ids(segment_ids, length):

@@ -32,8 +32,8 @@ from kernels_pallas.attention import backward_fields as fields
 from kernels_pallas.attention.bias import FPABias, NoBias, SeparableBias
 from kernels_pallas.attention.backward_kernels import (BIG, BLOCK, KernelConfig, dkv_kernel,
                                                        dq_kernel)
-from kernels_pallas.attention.forward import (document_start_index, heads_major, pad_time,
-                                              pruning_margin)
+from kernels_pallas.attention.forward import document_start_index, heads_major, pruning_margin
+from kernels_pallas.padding import pad_time
 
 
 def _pack(rows, n):

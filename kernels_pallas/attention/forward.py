@@ -35,6 +35,7 @@ import jax.numpy as jnp
 
 from kernels_pallas.attention.bias import FPABias, NoBias, SeparableBias
 from kernels_pallas.interpret import interpret_active
+from kernels_pallas.padding import pad_time
 from kernels_pallas.attention.forward_kernel import BIG, BLOCK, LOG2E, ForwardConfig, forward_kernel
 
 SUPPORTED_HEAD_DIMS = (64, 128)
@@ -42,15 +43,6 @@ SUPPORTED_HEAD_DIMS = (64, 128)
 
 def pruning_margin(length: int) -> float:
     return 10.0 + math.log(max(length, 1))
-
-
-def pad_time(x, length, axis, value=0.0):
-    pad = length - x.shape[axis]
-    if pad == 0:
-        return x
-    widths = [(0, 0)] * x.ndim
-    widths[axis] = (0, pad)
-    return jnp.pad(x, widths, constant_values=value)
 
 
 def heads_major(x, padded, value=0.0, edge=False):

@@ -11,17 +11,7 @@ import jax.numpy as jnp
 import pytest
 
 from kernels_pallas.attention.backward import attention_backward
-from kernels_pallas.attention.bias import FPABias, NoBias, SeparableBias
-
-
-def _bias(kind, batch, length, heads):
-    vec = jnp.zeros((batch, length, heads), jnp.float32)
-    if kind == "none":
-        return NoBias()
-    if kind == "separable":
-        return SeparableBias(vec, vec)
-    return FPABias(vec, vec, jnp.ones((heads,), jnp.float32), query_level=kind == "fpa_query",
-                   content=kind != "fpa_no_content")
+from tests.kernels_pallas.lowering_cases import placeholder_bias
 
 
 @pytest.mark.parametrize("kind, dim, dtype, segments, prune", [
@@ -35,7 +25,7 @@ def test_backward_lowers_for_hopper(kind, dim, dtype, segments, prune):
     batch, length, heads = 2, 200, 3
     q = jnp.zeros((batch, length, heads, dim), dtype)
     lse = jnp.zeros((batch, heads, length), jnp.float32)
-    bias = _bias(kind, batch, length, heads)
+    bias = placeholder_bias(kind, batch, length, heads)
     segment_ids = jnp.zeros((batch, length), jnp.int32) if segments else None
 
     def backward(q, k, v, out, dout):
@@ -53,7 +43,7 @@ def test_registers_variant_lowers_for_hopper(kind):
     batch, length, heads = 1, 130, 2
     q = jnp.zeros((batch, length, heads, 64), jnp.bfloat16)
     lse = jnp.zeros((batch, heads, length), jnp.float32)
-    bias = _bias(kind, batch, length, heads)
+    bias = placeholder_bias(kind, batch, length, heads)
     cfg = bwd.kernel_config(bias, 0.125, None, length, lhs_in_registers=True)
 
     def backward(q, k, v, out, dout):

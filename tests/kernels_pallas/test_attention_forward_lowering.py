@@ -10,18 +10,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from kernels_pallas.attention.bias import FPABias, NoBias, SeparableBias
 from kernels_pallas.attention.forward import attention_forward
-
-
-def _bias(kind, batch, length, heads):
-    vec = jnp.zeros((batch, length, heads), jnp.float32)
-    if kind == "none":
-        return NoBias()
-    if kind == "separable":
-        return SeparableBias(vec, vec)
-    return FPABias(vec, vec, jnp.ones((heads,), jnp.float32), query_level=kind == "fpa_query",
-                   content=kind != "fpa_no_content")
+from tests.kernels_pallas.lowering_cases import placeholder_bias
 
 
 @pytest.mark.parametrize("kind, dim, dtype, segments, prune, stats, p_in_registers", [
@@ -37,7 +27,7 @@ def _bias(kind, batch, length, heads):
 def test_forward_lowers_for_hopper(kind, dim, dtype, segments, prune, stats, p_in_registers):
     batch, length, heads = 2, 200, 3
     q = jnp.zeros((batch, length, heads, dim), dtype)
-    bias = _bias(kind, batch, length, heads)
+    bias = placeholder_bias(kind, batch, length, heads)
     segment_ids = jnp.zeros((batch, length), jnp.int32) if segments else None
 
     def forward(q, k, v):
