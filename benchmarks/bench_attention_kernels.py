@@ -172,13 +172,28 @@ def op_rows(shape, fpa_jax, x, flops):
     rows = []
     for name, (make, args) in ops.items():
         impls = ("pallas", "xla", "cudnn") if name == "softmax" else ("pallas", "xla")
+        results = {}
         for impl in impls:
             row = dict(op=f"{impl} {name}", shape=shape)
             repeats = 5 if impl == "xla" else 20
             fn = make(impl)
-            _time(row, "fwd_ms", jax.jit(fn), args, flops, repeats)
-            _time(row, "fwdbwd_ms", _fwd_bwd(fn, len(args)), (*args, dout), 3.5 * flops, repeats)
+            fwd, fwd_bwd = jax.jit(fn), _fwd_bwd(fn, len(args))
+            try:  # outputs and every gradient, compared with "xla" below
+                results[impl] = (fwd(*args), fwd_bwd(*args, dout))
+            except Exception as e:  # noqa: BLE001
+                traceback.print_exc()
+                row["error"] = str(e).splitlines()[0][:200]
+            _time(row, "fwd_ms", fwd, args, flops, repeats)
+            _time(row, "fwdbwd_ms", fwd_bwd, (*args, dout), 3.5 * flops, repeats)
             rows.append(row)
+        for row in rows[-len(impls):]:
+            impl = row["op"].split()[0]
+            if impl != "xla" and impl in results and "xla" in results:
+                (out, grads), (ref_out, ref_grads) = results[impl], results["xla"]
+                row["rel_vs_xla"] = rel(out, ref_out)
+                row["grad_rel_vs_xla"] = {f"d{i}": rel(g, r) for i, (g, r) in
+                                          enumerate(zip(grads, ref_grads))}
+                row["worst_grad_rel"] = max(row["grad_rel_vs_xla"].values())
             print(row, flush=True)
     return rows
 
@@ -192,11 +207,13 @@ def kernel_rows(shape, fpa_jax, x, flops):
               "fpa": FPABias(x["phi"], x["psi"], x["beta"])}
     xla = {}
     if fpa_jax is not None:
-        xla = {"softmax": lambda: fpa_jax.softmax_attention(q, k, v, scale=scale, implementation="xla"),
-               "fox": lambda: fpa_jax.fox_attention(q, k, v, x["log_forget"], scale=scale,
-                                                    implementation="xla"),
-               "fpa": lambda: fpa_jax.fpa_attention(q, k, v, x["phi"], x["psi"], x["beta"],
-                                                    scale=scale, implementation="xla")}
+        xla = {"softmax": (lambda q, k, v: fpa_jax.softmax_attention(
+                   q, k, v, scale=scale, implementation="xla"), (q, k, v)),
+               "fox": (lambda q, k, v, lf: fpa_jax.fox_attention(
+                   q, k, v, lf, scale=scale, implementation="xla"), (q, k, v, x["log_forget"])),
+               "fpa": (lambda q, k, v, phi, psi, beta: fpa_jax.fpa_attention(
+                   q, k, v, phi, psi, beta, scale=scale, implementation="xla"),
+                   (q, k, v, x["phi"], x["psi"], x["beta"]))}  # arguments, not constants
     variants = [(name, prune, True) for name in biases for prune in (True, False)
                 if name != "softmax" or prune]
     variants += [("softmax", True, False), ("fpa", True, False)]  # P through shared memory
@@ -215,7 +232,7 @@ def kernel_rows(shape, fpa_jax, x, flops):
             row["lse_finite"] = bool(jnp.isfinite(lse).all())
             if name in xla:
                 if name not in references:
-                    references[name] = jax.jit(xla[name])()
+                    references[name] = jax.jit(xla[name][0])(*xla[name][1])
                 row["rel_vs_xla"] = rel(out, references[name])
             if name == "softmax":
                 row["rel_vs_cudnn"] = rel(out, jax.nn.dot_product_attention(
@@ -258,12 +275,13 @@ def main():
     for r in rows:
         print(f"{r['check']:30s} {r.get('out_rel', nan):9.2e} {r.get('lse_maxabs', nan):9.2e} "
               f"{r.get('error', '')}")
-    print("\nop                     shape                 fwd ms TFLOP/s  f+b ms TFLOP/s pruned  rel_err")
+    print("\nop                     shape                 fwd ms TFLOP/s  f+b ms TFLOP/s pruned  rel_err grad_err")
     for r in timings:
         err = r.get("rel_vs_xla", r.get("rel_vs_cudnn", nan))
         print(f"{r['op']:22s} {str(r['shape']):20s} {r.get('fwd_ms', nan):7.3f} {r.get('fwd_tflops', nan):7.1f}"
               f" {r.get('fwdbwd_ms', nan):7.3f} {r.get('fwdbwd_tflops', nan):7.1f}"
-              f" {r.get('pruned_frac', nan):6.3f} {err:8.1e} {r.get('error', '')}{r.get('fwd_error', '')}"
+              f" {r.get('pruned_frac', nan):6.3f} {err:8.1e} {r.get('worst_grad_rel', nan):8.1e}"
+              f" {r.get('error', '')}{r.get('fwd_error', '')}"
               f"{r.get('fwdbwd_error', '')}")
 
 

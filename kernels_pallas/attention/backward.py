@@ -11,7 +11,9 @@ segment_ids [B, T] int or None (contiguous documents). bias is one of bias.py's
     SeparableBias(row, col)   b_ts = row_t - col_s     -> (d row, d col), each [B, T, H] float32
     FPABias(phi, psi, beta, tau, query_level, content) -> (dphi, dpsi [B, T, H], dbeta [H])
 
-FPA's dphi is the straight-through soft-minimum gradient of xla_vjp.py with every exponent
+FPA's dbeta is centred per row (backward_kernels.py: the rows' error of delta cancels; issue 16)
+and delta should come from the float32 out (vjp.py saves it). FPA's dphi is the
+straight-through soft-minimum gradient of fpa_jax/fpa/xla_vjp.py with every exponent
 relative to a local hard minimum (backward_fields.py): the kernels (backward_kernels.py)
 return per-level key-side and query-side shares and one scalar per off-diagonal tile for the
 gap blocks; short XLA passes spread them over the positions. Internally T is padded to a
@@ -158,15 +160,17 @@ def prepare(cfg, q, k, v, out, lse, dout, bias, segment_ids):
     col_names = cfg.col_names()
     colp = _pack([vectors[name] for name in col_names], n) if col_names else \
         jnp.zeros((batch, heads, nb, 1, n), jnp.float32)
-    return (qp, kp, vp, dop, rowp, colp, rowd, cold, beta), phi
+    field_state = None if phi is None else (phi, pre_min, suf_min)  # reused by finish
+    return (qp, kp, vp, dop, rowp, colp, rowd, cold, beta), field_state
 
 
 def run_kernels(cfg, args):
     return dkv_kernel(cfg, *args), dq_kernel(cfg, *args)
 
 
-def finish(cfg, dkv_out, dq_out, phi, length, beta_dtype=jnp.float32):
-    """XLA post-pass: slice off the padding, turn the kernels' sums into bias gradients."""
+def finish(cfg, dkv_out, dq_out, field_state, length, beta_dtype=jnp.float32):
+    """XLA post-pass: slice off the padding, turn the kernels' sums into bias gradients.
+    field_state: prepare's second result (FPA: phi and its level minima; None otherwise)."""
     dk, dv = dkv_out[0][:, :length], dkv_out[1][:, :length]
     dq = dq_out[0][:, :length]
     if cfg.mode == "none":
@@ -182,12 +186,16 @@ def finish(cfg, dkv_out, dq_out, phi, length, beta_dtype=jnp.float32):
     col_at = 0 if cfg.query_level else 1
     row_at = 1 if cfg.query_level else 0
     dpsi = _unpack(rowo, 0) if cfg.query_level else _unpack(colo, 0)
-    dbeta = _unpack(colo, col_at).sum(axis=(0, 2))
+    row_out = cfg.row_out_names()
+    dsum, pgap = (_unpack(rowo, row_out.index(name)) for name in ("dsum", "pgap"))
+    dbeta = _unpack(colo, col_at).sum(axis=(0, 2)) - (dsum * pgap).sum(axis=(0, 2))  # centred
     col_share = jnp.stack([_unpack(colo, col_at + 1 + level) for level in range(levels)], axis=2)
     row_share = jnp.stack([_unpack(rowo, row_at + level) for level in range(levels)], axis=2)
     gapo = dkv_out[3]  # [B, H, nb(j), chunks, n] -> totals[i, j]
     gap_total = jnp.swapaxes(gapo.reshape(batch, heads, nb, -1)[..., :nb], -1, -2)
-    dphi = fields.field_gradient(col_share, row_share, gap_total, phi, cfg.block, cfg.tau)
+    phi, pre_min, suf_min = field_state
+    dphi = fields.field_gradient(col_share, row_share, gap_total, phi, cfg.block, cfg.tau,
+                                 pre_min, suf_min)
     return (dq, dk, dv,
             (_to_bth(dphi, length), _to_bth(dpsi, length), dbeta.astype(beta_dtype)))
 
@@ -231,7 +239,7 @@ def attention_backward(q, k, v, out, lse, dout, bias=NoBias(), *, scale: float,
     """Gradients of causal biased attention; see the module docstring."""
     _check(q, k, v, out, lse, dout, bias, segment_ids, block)
     cfg = kernel_config(bias, scale, segment_ids, q.shape[1], block, prune)
-    args, phi = prepare(cfg, q, k, v, out, lse, dout, bias, segment_ids)
+    args, field_state = prepare(cfg, q, k, v, out, lse, dout, bias, segment_ids)
     dkv_out, dq_out = run_kernels(cfg, args)
     beta_dtype = bias.beta.dtype if cfg.mode == "fpa" else jnp.float32
-    return finish(cfg, dkv_out, dq_out, phi, q.shape[1], beta_dtype)
+    return finish(cfg, dkv_out, dq_out, field_state, q.shape[1], beta_dtype)

@@ -126,9 +126,12 @@ def spread_gap(gap_total, block_min, phi, block, tau):
     return (totals[..., None] * _decay(x - block_min[..., None], tau)).reshape(phi.shape)
 
 
-def field_gradient(col_share, row_share, gap_total, phi, block, tau):
-    """dphi [..., Tp] from the kernels' shares: col/row_share [..., Lv, Tp]."""
-    pre_min, _, suf_min, _ = level_stats(phi, block, tau)
+def field_gradient(col_share, row_share, gap_total, phi, block, tau, pre_min=None,
+                   suf_min=None):
+    """dphi [..., Tp] from the kernels' shares: col/row_share [..., Lv, Tp]. pre_min, suf_min
+    [..., Lv, Tp]: level_stats' minima when the caller has them (else recomputed)."""
+    if pre_min is None or suf_min is None:
+        pre_min, _, suf_min, _ = level_stats(phi, block, tau)
     dphi = jnp.zeros_like(phi)
     for level in range(num_levels(block)):
         group = 1 << level

@@ -15,7 +15,11 @@ valid: s <= t and doc(s) == doc(t). Bias modes (static):
     "fpa":        b_ts = beta min(0, R_ts - level),  level = psi_s (psi_t with query_level),
                   R_ts = min(A_s, G, C_t) off the diagonal, the dyadic range minimum on it
                   (backward_fields.py); coef = beta [dead] dS;  d level -= sum coef;
-                  d beta_s += sum_t [dead] (R - level) dS;  soft-min shares of coef per piece:
+                  d beta_s += sum_t [dead] (R - level) dS;  per row, dsum_t = sum_s dS_ts and
+                  pgap_t = sum_s P_ts [dead] (R - level), so that backward.py can centre
+                  d beta per row: sum_t dsum_t pgap_t is subtracted (dsum_t is 0 in exact
+                  arithmetic; in bf16 it carries the row's error of delta_t, which then
+                  cancels out of d beta, issue 16);  soft-min shares of coef per piece:
                   share = coef / mass,
                   mass = sum over pieces of mass_piece exp(-(min_piece - R)/tau)
 
@@ -114,7 +118,7 @@ class KernelConfig:
             return ["drow"]
         if self.mode == "fpa":
             levels = [f"share{level}" for level in range(self.diag_levels + 1)]
-            return (["dpsi"] if self.query_level else []) + levels
+            return (["dpsi"] if self.query_level else []) + levels + ["dsum", "pgap"]
         return []
 
 
@@ -575,6 +579,10 @@ def dq_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
                 elif fpa:
                     coef, _, shares, _ = tile.fpa_shares(ds, mask, extra, diagonal, gap_min,
                                                          gap_mass)
+                    dead = extra["dead"] if mask is None else extra["dead"] & mask
+                    row_acc[-2] = row_acc[-2] + tile.sum_over_keys(ds)
+                    row_acc[-1] = row_acc[-1] + tile.sum_over_keys(
+                        jnp.where(dead, p * extra["gap"], 0.0))
                     at = 0
                     if cfg.query_level:
                         row_acc[0] = row_acc[0] - tile.sum_over_keys(coef)

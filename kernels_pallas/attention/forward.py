@@ -1,7 +1,8 @@
 """Forward pass of the causal attention kernel family (FPA, FoX / ALiBi, plain softmax).
 
     attention_forward(q, k, v, bias=NoBias(), *, scale, segment_ids=None, block=64,
-                      prune=True, return_stats=False, p_in_registers=None) -> (out, lse) [, stats]
+                      prune=True, return_stats=False, p_in_registers=None,
+                      float32_out=False) -> (out, lse) [, out_f32] [, stats]
 
     logit_ts = scale <q_t, k_s> + b_ts        valid: s <= t and doc(s) == doc(t)
     lse_t    = log sum_{s valid} exp(logit_ts)      natural log, float32, [B, H, T]
@@ -20,6 +21,8 @@ block J) is skipped when
 with bias_bound an upper bound of b_ts over the tile (forward_kernel.py lists it per bias).
 Every logit of a skipped tile then lies more than `margin` below its row's diagonal logit, so
 all skipped tiles together carry less than T e^-margin = e^-10 (4.5e-5) of any row's mass.
+float32_out=True also returns out in float32 before its rounding to q's dtype (the FPA backward
+takes Delta_t = <dout_t, out_t> from it: issue 16, fpa_jax/fpa/xla_vjp.py).
 stats (return_stats=True): {"pruned_tiles": pruned off-diagonal tiles, "tiles": visited
 off-diagonal tiles}, both float32 scalars summed over batch and heads.
 
@@ -125,7 +128,7 @@ def _check(q, k, v, bias, segment_ids, block):
 def attention_forward(q, k, v, bias=NoBias(), *, scale: float,
                       segment_ids: Optional[jnp.ndarray] = None, block: int = BLOCK,
                       prune: bool = True, return_stats: bool = False,
-                      p_in_registers: Optional[bool] = None):
+                      p_in_registers: Optional[bool] = None, float32_out: bool = False):
     """Causal biased attention forward; see the module docstring. p_in_registers: None picks
     True for 16-bit inputs on the GPU, False in the GPU interpreter (which needs P in shared
     memory) and for float32."""
@@ -143,7 +146,8 @@ def attention_forward(q, k, v, bias=NoBias(), *, scale: float,
                         content=content, prune=prune, margin=pruning_margin(length),
                         count_pruned=bool(return_stats) and prune,
                         p_in_registers=bool(p_in_registers) if p_in_registers is not None
-                        else not interpret_active() and q.dtype != jnp.float32)
+                        else not interpret_active() and q.dtype != jnp.float32,
+                        float32_out=bool(float32_out))
 
     qp, kp, vp = (pad_time(x, padded, 1) for x in (q, k, v))
     real = (jnp.arange(padded) < length)[None, None, :]
@@ -194,12 +198,13 @@ def attention_forward(q, k, v, bias=NoBias(), *, scale: float,
     colp = _pack(vec, col_names, n) if col_names else empty
     outs = forward_kernel(cfg, qp, kp, vp, rowp, colp)
     out, lse = outs[0][:, :length], outs[1][:, :, :length]
+    results = (out, lse) + ((outs[-1][:, :length],) if cfg.float32_out else ())
     if not return_stats:
-        return out, lse
+        return results
     pruned = outs[2][..., 0].sum() if cfg.count_pruned else jnp.float32(0.0)
     if segment_ids is None:
         visited = jnp.float32(batch * heads * nb * (nb - 1) // 2)
     else:
         first = _blocks(vec["start"][:, :, :padded], n)[..., 0] // n  # [B, H, nb]
         visited = (jnp.arange(nb, dtype=jnp.float32) - first).sum()
-    return out, lse, {"pruned_tiles": pruned, "tiles": visited}
+    return results + ({"pruned_tiles": pruned, "tiles": visited},)

@@ -69,6 +69,7 @@ class ForwardConfig:
     count_pruned: bool = False
     p_in_registers: bool = True   # wgmma reads P from registers; False: via shared memory
                                   # (the GPU interpreter supports only the latter)
+    float32_out: bool = False     # also write out in float32 (the FPA backward's residual)
 
     @property
     def levels(self):
@@ -144,7 +145,8 @@ class _Pack:
 
 def forward_kernel(cfg: ForwardConfig, q, k, v, rowp, colp):
     """q, k, v [B, Tp, H, D]; packs as in the module docstring -> out [B, Tp, H, D],
-    lse [B, H, Tp] float32 (and pruned-tile counts [B, H, nb, n] float32 if count_pruned)."""
+    lse [B, H, Tp] float32 (then pruned-tile counts [B, H, nb, n] float32 if count_pruned, and
+    out in float32 [B, Tp, H, D] if float32_out)."""
     batch, tp, heads, head_dim = q.shape
     n = cfg.block
     nb = tp // n
@@ -157,10 +159,14 @@ def forward_kernel(cfg: ForwardConfig, q, k, v, rowp, colp):
                  jax.ShapeDtypeStruct((batch, heads, tp), jnp.float32)]
     if cfg.count_pruned:
         out_types.append(jax.ShapeDtypeStruct((batch, heads, nb, n), jnp.float32))
+    if cfg.float32_out:
+        out_types.append(jax.ShapeDtypeStruct(q.shape, jnp.float32))
 
     def body(q_ref, k_ref, v_ref, rowp_ref, colp_ref, out_ref, lse_ref, *rest):
-        count_ref = rest[0] if cfg.count_pruned else None
-        q_s, k_s, v_s, rowp_s, colp_s, p_s, lse_s, bars = rest[1:] if cfg.count_pruned else rest
+        rest = list(rest)
+        count_ref = rest.pop(0) if cfg.count_pruned else None
+        out32_ref = rest.pop(0) if cfg.float32_out else None
+        q_s, k_s, v_s, rowp_s, colp_s, p_s, lse_s, out32_s, bars = rest
         h = lax.axis_index("h")
         i = nb - 1 - lax.axis_index("qb")  # longest rows first
         b = lax.axis_index("b")
@@ -315,10 +321,15 @@ def forward_kernel(cfg: ForwardConfig, q, k, v, rowp, colp):
             return step(i - 1 - offset, c, diagonal=False)
 
         (acc, m, l), _, _, pruned = lax.fori_loop(0, i - j_lo, off_diagonal, carry)
-        q_s[...] = (acc / lax.broadcast_in_dim(l, acc.shape, [0])).astype(q_s.dtype)
+        out = acc / lax.broadcast_in_dim(l, acc.shape, [0])
+        q_s[...] = out.astype(q_s.dtype)
+        if out32_s is not None:
+            out32_s[...] = out
         lse_s[...] = m * LN2 + jnp.log(l)
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(q_s, out_ref.at[queries])
+        if out32_s is not None:
+            plgpu.copy_smem_to_gmem(out32_s, out32_ref.at[queries])
         plgpu.copy_smem_to_gmem(lse_s, lse_ref.at[b, h, pl.ds(i * n, n)])
         if count_ref is not None:
             count_s = colp_s.at[0, 0]
@@ -337,6 +348,7 @@ def forward_kernel(cfg: ForwardConfig, q, k, v, rowp, colp):
         plgpu.SMEM((3, ncols, n), jnp.float32),
         None if cfg.p_in_registers else _smem_tile((n, n), dtype),
         plgpu.SMEM((n,), jnp.float32),
+        _smem_tile((n, head_dim), jnp.float32) if cfg.float32_out else None,
         plgpu.Barrier(num_barriers=9),
     ]
     return plgpu.kernel(

@@ -10,7 +10,9 @@ Signatures follow notes/API.md "Dispatch". q, k, v [B, T, H, D] bf16 / fp16 (flo
 the GPU interpreter), D in {64, 128}; out in q's dtype. The forward (forward.py) saves out and
 lse [B, H, T]; the backward (backward.py) recomputes the tiles. Bias gradients flow through
 plain JAX around the custom VJP: FoX's row = col = cumsum(log_forget) (d log_forget is the
-reverse cumulative sum of d row + d col, both sums of the same float32 dS, issue 16), ALiBi's
+reverse cumulative sum of d row + d col, both sums of the same float32 dS, issue 16). FPA saves
+its output in float32 as the residual (Delta_t = <dout_t, out_t> without the rounding of out;
+the backward also centres dbeta per row, backward_kernels.py; issue 16), ALiBi's
 row = col = -slope * t (d slope from them). block_size is a tuning knob of the "xla" paths; the
 kernels use their own block of 64 (the result does not depend on it).
 
@@ -54,9 +56,9 @@ def _fpa_bias(phi, psi, beta, static):
 
 def _fpa_fwd(q, k, v, phi, psi, beta, segment_ids, static):
     scale, *_, prune = static
-    out, lse = attention_forward(q, k, v, _fpa_bias(phi, psi, beta, static), scale=scale,
-                                 segment_ids=segment_ids, prune=prune)
-    return out, (q, k, v, phi, psi, beta, segment_ids, out, lse)
+    out, lse, out32 = attention_forward(q, k, v, _fpa_bias(phi, psi, beta, static), scale=scale,
+                                        segment_ids=segment_ids, prune=prune, float32_out=True)
+    return out, (q, k, v, phi, psi, beta, segment_ids, out32, lse)
 
 
 def _fpa_bwd(static, residuals, dout):

@@ -109,7 +109,7 @@ def test_fox_drift_matches_reference():
 ])
 def test_fpa_matches_reference(case, drift, query_level, content):
     rng = np.random.default_rng(case_seed(930 + case))
-    length, heads = 100, 2
+    length, heads = 100, 1
     q, k, v = _qkv(rng, (1, length, heads, 64), jnp.float32)
     steps = rng.integers(-2, 3, (1, length, heads)).astype(np.float32) + drift / length
     walk = np.cumsum(steps, axis=1)

@@ -18,12 +18,12 @@ from tests.kernels_pallas.lowering_cases import placeholder_bias
     ("none", 64, jnp.bfloat16, False, True, False, True),
     ("none", 128, jnp.float16, True, True, False, True),
     ("separable", 64, jnp.bfloat16, False, True, True, True),
-    ("separable", 128, jnp.bfloat16, True, False, False, False),   # the interpreted variant
     ("fpa", 64, jnp.bfloat16, False, True, True, True),
     ("fpa", 128, jnp.bfloat16, True, False, False, True),
-    ("fpa_query", 64, jnp.float16, True, True, True, False),        # the interpreted variant
     ("fpa_no_content", 64, jnp.bfloat16, False, True, False, True),
-])
+    ("fpa_query", 64, jnp.float16, True, True, True, True),
+])  # P through shared memory (p_in_registers=False, the interpreted form) ran on an H200:
+    # benchmarks/results/attention_kernels_h200.txt
 def test_forward_lowers_for_hopper(kind, dim, dtype, segments, prune, stats, p_in_registers):
     batch, length, heads = 2, 200, 3
     q = jnp.zeros((batch, length, heads, dim), dtype)
@@ -33,7 +33,8 @@ def test_forward_lowers_for_hopper(kind, dim, dtype, segments, prune, stats, p_i
     def forward(q, k, v):
         return attention_forward(q, k, v, bias, scale=dim ** -0.5, segment_ids=segment_ids,
                                  prune=prune, return_stats=stats,
-                                 p_in_registers=p_in_registers)
+                                 p_in_registers=p_in_registers,
+                                 float32_out=kind.startswith("fpa"))  # FPA's VJP residual
 
     lowered = jax.jit(forward).trace(q, q, q).lower(lowering_platforms=("cuda",))
     assert "mosaic_gpu" in lowered.as_text()

@@ -51,7 +51,7 @@ def _compare(op, args, dout, rtol=1e-4):
 @pytest.mark.slow
 def test_fpa_pallas_matches_reference():
     seed = case_seed(600)
-    q, k, v, dout, phi, psi, beta, _ = _inputs(seed, 1, 100, 2)
+    q, k, v, dout, phi, psi, beta, _ = _inputs(seed, 1, 100, 1)
     segment_ids = jnp.asarray((np.arange(100) >= 1 + seed % 90)[None, :].astype(np.int32))
     op = lambda q, k, v, phi, psi, beta, implementation: fpa_attention(
         q, k, v, phi, psi, beta, segment_ids=segment_ids, implementation=implementation)
@@ -107,13 +107,24 @@ def test_vmap_of_grad_matches_reference():
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
 
 
-def test_default_does_not_pick_the_attention_kernel_until_validated_on_a_gpu():
-    """Explicit-only: even where "pallas" supports the inputs, None takes the next default."""
+HOPPER = dict(platform="gpu", compute_capability="9.0", dtype=jnp.dtype(jnp.bfloat16),
+              head_dim=64, value_head_dim=64)
+
+
+@pytest.mark.parametrize("op", ["fpa", "fox", "softmax"])
+def test_default_picks_the_kernel_on_hopper_and_xla_elsewhere(op):
+    """None: "pallas" first for FPA / FoX on Hopper; softmax keeps cuDNN first and takes the
+    kernel only where cuDNN cannot run (ALiBi, segment_ids); CPU and other dims fall to "xla"."""
+    from fpa_jax.baselines import fox, softmax
     from fpa_jax.fpa import api
-    from kernels_pallas.attention.register import NOT_VALIDATED
-    with interpret.gpu_interpret():
-        facts = dict(dtype=jnp.dtype(jnp.bfloat16), head_dim=64, value_head_dim=64)
-        assert api.REGISTRY.reason_unsupported("pallas", platform="cpu",
-                                               compute_capability=None, **facts) is None
-        name, _ = api.REGISTRY.select(None, platform="cpu", compute_capability=None, **facts)
-    assert name == "xla" and "validated" in NOT_VALIDATED
+    registry = {"fpa": api.REGISTRY, "fox": fox.REGISTRY, "softmax": softmax.REGISTRY}[op]
+    extra = dict(has_segment_ids=False, has_alibi=False) if op == "softmax" else {}
+    pick = lambda **changes: registry.select(None, **{**HOPPER, **extra, **changes})[0]
+    assert pick() == ("cudnn" if op == "softmax" else "pallas")
+    if op == "softmax":
+        assert pick(has_segment_ids=True) == "pallas"
+        assert pick(has_alibi=True) == "pallas"
+    assert pick(head_dim=96, value_head_dim=96) == ("cudnn" if op == "softmax" else "xla")
+    assert pick(dtype=jnp.dtype(jnp.float32)) == "xla"
+    assert pick(platform="cpu", compute_capability=None) == "xla"
+    assert pick(compute_capability="8.0") in ("cudnn", "xla")

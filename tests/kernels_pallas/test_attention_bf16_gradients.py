@@ -1,0 +1,76 @@
+"""bf16 gradients of the attention kernels (implementation="pallas", GPU interpreter) against a
+float32 computation from the same rounded inputs (issue 16's bar for the kernel backward).
+
+    rel(x) = ||x_bf16 - x_f32|| / ||x_f32||    (whole array, float64 norms)
+
+q, k, v and the output weight are rounded to bf16 once; the kernels take them in bf16, the
+oracle (the dense "reference" path) takes the same values in float32, so rel measures the
+rounding inside the kernel path alone. Every gradient must stay within BOUND = 5e-3. FoX's
+d log_forget is held to the same bar in test_attention_backward.py
+(test_fox_half_precision_log_forget).
+
+FPA's dbeta = sum_ts min(0, R_ts - psi_s) dS_ts with dS_ts = P_ts (dP_ts - Delta_t): a Delta_t
+taken from the bf16-rounded out carries a per-row error e_t that enters dbeta as
+e_t * sum_s P_ts gap_ts and does not cancel. The forward keeps its float32 out as the residual
+and the backward centres dbeta per row (as fpa_jax/fpa/xla_vjp.py; its docstring has the math).
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import kernels_pallas.attention.register  # noqa: F401 - adds the "pallas" entries
+from fpa_jax import fields, fpa_attention
+from kernels_pallas import interpret
+
+BOUND = 5e-3
+SHAPE = (1, 200, 2, 64)  # (B, T, H, D): 4 key blocks of 64, the last one ragged
+
+
+def _rel(got, want):
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    return float(np.linalg.norm(got - want) / np.linalg.norm(want))
+
+
+def _errors(attend, keys, extras):
+    """rel of every gradient (q, k, v, *extras) of sum(out * weight): bf16 kernels vs f32."""
+    q, k, v = (jax.random.normal(key, SHAPE).astype(jnp.bfloat16) for key in keys[:3])
+    weight = jax.random.normal(keys[3], SHAPE).astype(jnp.bfloat16).astype(jnp.float32)
+
+    def grads(implementation, *args):
+        loss = lambda *a: jnp.sum(attend(implementation, *a).astype(jnp.float32) * weight)
+        return jax.jit(jax.grad(loss, argnums=tuple(range(len(args)))))(*args)
+
+    interpret.reset()
+    with interpret.gpu_interpret():
+        got = grads("pallas", q, k, v, *extras)
+    assert not interpret.races_found()
+    want = grads("reference", *(x.astype(jnp.float32) for x in (q, k, v)), *extras)
+    return [_rel(g, w) for g, w in zip(got, want)]
+
+
+def _check(names, errors):
+    report = ", ".join(f"{name} {error:.1e}" for name, error in zip(names, errors))
+    assert max(errors) <= BOUND, f"relative errors above {BOUND}: {report}"
+
+
+def _fpa_errors(seed):
+    """Walk step and offsets of random scale (as tests/fpa_jax/test_bf16_gradients.py)."""
+    keys = jax.random.split(jax.random.PRNGKey(seed), 9)
+    step_scale, offset_scale = jnp.exp(jax.random.uniform(keys[8], (2,), minval=-3, maxval=0.5))
+    per_token = lambda key, scale: scale * jax.random.normal(key, SHAPE[:3])
+    phi, psi = fields(per_token(keys[4], step_scale), per_token(keys[5], offset_scale),
+                      per_token(keys[6], offset_scale))
+    beta = jax.random.uniform(keys[7], (SHAPE[2],), minval=0.2, maxval=2.0)
+    attend = lambda impl, *a: fpa_attention(*a, implementation=impl)
+    return _errors(attend, keys, (phi, psi, beta))
+
+
+FPA_NAMES = ["dq", "dk", "dv", "dphi", "dpsi", "dbeta"]
+
+
+def test_fpa_kernel_bf16_gradients_match_float32():
+    """Inputs pinned (seed 2 of this draw): without the centring and the float32 out the
+    kernel's dbeta was 7.4e-3 here (1.3e-3 .. 7.4e-3 over seeds 0-5; now below 2e-6). The
+    gradients on random draws, in float32, are checked in test_attention_backward.py."""
+    _check(FPA_NAMES, _fpa_errors(2))
