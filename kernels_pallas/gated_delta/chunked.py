@@ -1,8 +1,10 @@
 """Chunked gated delta rule with the state recurrence in Pallas Mosaic GPU kernels.
 
-Same math and layout as `gdn_jax.ops.chunk` (chunk C = 64, WY form). XLA computes everything
-that is independent per chunk (batched over all chunks; `wy.prepare_chunks`): gamma, Gamma, A,
-(I + A)^{-1}, W, U, the intra-chunk attention, and the outputs from the entering states
+Same math as `gdn_jax.ops.chunk` (chunk C = 64, WY form). The per-chunk preparation (A,
+(I + A)^{-1}, W, U, Kw and the intra-chunk attention P) runs in the Pallas kernel
+`wy_kernel.prepare` (its backward: the kernel again for the inverse, then XLA autodiff of
+`wy.prepare_reference` with that inverse given); XLA forms the per-token rows
+(`wy.chunk_rows`) and the outputs from the entering states
 
     O_c = diag(e) Q_c S_c + (Q_c K_c^T ⊙ Gamma) (U_c - W_c S_c)
 
@@ -16,7 +18,7 @@ the reverse recurrence in `state_kernels.backward_states` and forms, batched ove
     internals chunk-major: Kw, W [N, B, HV, C, K] (16-bit), U [N, B, HV, C, V] float32
 
 Residuals: the entering states [N, B, HV, K, V] float32 (as the "xla" path saves) plus the
-inputs; the intra-chunk part is recomputed in the backward pass (`jax.checkpoint`).
+inputs; the intra-chunk part is recomputed in the backward pass.
 Matrix operands of the kernels are 16-bit (bf16/f16: the dtype of q and k); float32 inputs run
 only in interpret mode (tests), with float32 operands.
 """
@@ -26,10 +28,10 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from gdn_jax.ops.chunk import _document_masks, _pad_time, _to_chunks
 from gdn_jax.ops.naive import compute_dtype
-from kernels_pallas.gated_delta import state_kernels, wy
+from kernels_pallas.gated_delta import state_kernels, wy, wy_kernel
 from kernels_pallas.interpret import interpret_active
+from kernels_pallas.padding import pad_time
 
 CHUNK = 64
 
@@ -115,6 +117,36 @@ def _state_recurrence_bwd(tiling, residuals, cotangents):
 state_recurrence.defvjp(_state_recurrence_fwd, _state_recurrence_bwd)
 
 
+@functools.cache
+def _wy_kernel(scale, with_inverse):
+    """The WY preparation kernel, batchable by vmap (B is axis 0 of its inputs, 1 of outputs)."""
+    return _folding_batch_axes(
+        functools.partial(wy_kernel.prepare, scale=scale, with_inverse=with_inverse),
+        in_axes=(0, 0, 0, 0), out_axes=(1,) * (5 if with_inverse else 4))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def wy_preparation(q, k, v, rows, scale):
+    """(W, U, Kw, P) chunk-major from the kernel (`wy_kernel.prepare`). Backward: the kernel
+    runs again for T = (I + A)^{-1} and XLA differentiates `wy.prepare_reference` with T
+    given (no residuals beyond the inputs)."""
+    return _wy_kernel(scale, False)(q, k, v, rows)
+
+
+def _wy_preparation_fwd(q, k, v, rows, scale):
+    return _wy_kernel(scale, False)(q, k, v, rows), (q, k, v, rows)
+
+
+def _wy_preparation_bwd(scale, residuals, cotangents):
+    inverse = _wy_kernel(scale, True)(*residuals)[4]
+    _, pull = jax.vjp(lambda *xs: wy.prepare_reference(*xs, scale=scale, inverse=inverse)[:4],
+                      *residuals)
+    return pull(tuple(c.astype(jnp.float32) for c in cotangents))
+
+
+wy_preparation.defvjp(_wy_preparation_fwd, _wy_preparation_bwd)
+
+
 def operand_dtype(q, k):
     """The dtype of the kernels' matrix operands W and Kw (derived from q and k): bf16 or
     f16 as the inputs; float32 only for interpret mode. U and the state stay float32."""
@@ -132,7 +164,6 @@ def chunked_forward_pallas(q, k, v, g, beta, *, scale, initial_state, segment_id
     num_v_heads, value_dim = v.shape[2], v.shape[3]
     group = num_v_heads // num_heads
     num_chunks = -(-seq_len // CHUNK)
-    pad = num_chunks * CHUNK - seq_len
     dtype = compute_dtype(q, k, v, g, beta, initial_state)
     op_dtype = operand_dtype(q, k)
     if op_dtype == jnp.float32 and not interpret_active():
@@ -141,39 +172,28 @@ def chunked_forward_pallas(q, k, v, g, beta, *, scale, initial_state, segment_id
     tiling = state_kernels.choose_tiling(num_chunks, CHUNK, key_dim, value_dim, op_dtype,
                                          value_tile=value_tile)
 
-    def chunk_major(x, inner_shape, permutation):
-        x = _to_chunks(_pad_time(x.astype(dtype), pad), num_chunks, CHUNK)
-        return x.reshape(batch, num_chunks, CHUNK, *inner_shape).transpose(permutation)
-
-    q = chunk_major(q, (num_heads, key_dim), (1, 0, 3, 2, 4)) * scale       # [N, B, H, C, K]
-    k = chunk_major(k, (num_heads, key_dim), (1, 0, 3, 2, 4))
-    v = chunk_major(v, (num_heads, group, value_dim), (1, 0, 3, 4, 2, 5))   # [N, B, H, G, C, V]
-    g = chunk_major(g, (num_heads, group), (1, 0, 3, 4, 2))                # [N, B, H, G, C]
-    beta = chunk_major(beta, (num_heads, group), (1, 0, 3, 4, 2))
-    same_document, sees_entering_state = _document_masks(segment_ids, batch, num_chunks, CHUNK)
+    padded = num_chunks * CHUNK
+    q, k, v = (pad_time(x.astype(op_dtype), padded) for x in (q, k, v))
+    rows, entering_decay = wy.chunk_rows(pad_time(g, padded), pad_time(beta, padded),
+                                         segment_ids, num_chunks, CHUNK)    # e [N, B, HV, C]
+    state_weights, base_values, weighted_keys, attention = wy_preparation(q, k, v, rows,
+                                                                          float(scale))
     if initial_state is None:
         state = jnp.zeros((batch, num_v_heads, key_dim, value_dim), jnp.float32)
     else:
         state = initial_state.astype(jnp.float32)
-
-    (entering_decay, state_weights, base_values, attention, weighted_keys,
-     carry_decay) = jax.checkpoint(wy.prepare_chunks)(q, k, v, g, beta, same_document,
-                                                      sees_entering_state)
-
-    def value_heads(x):           # [N, B, H, G, ...] -> [N, B, HV, ...]
-        return x.reshape(num_chunks, batch, num_v_heads, *x.shape[4:])
-
-    rho = jnp.moveaxis(value_heads(carry_decay), 0, -1).astype(jnp.float32)   # [B, HV, N]
+    rho = jnp.moveaxis(entering_decay[..., -1], 0, -1)                        # [B, HV, N]
     rho = jnp.pad(rho, [(0, 0), (0, 0), (0, state_kernels.padded_chunks(num_chunks) - num_chunks)])
-    recurrence_inputs = (value_heads(weighted_keys).astype(op_dtype),
-                         value_heads(state_weights).astype(op_dtype),
-                         value_heads(base_values).astype(jnp.float32), rho, state)
+    recurrence_inputs = (weighted_keys, state_weights, base_values, rho, state)
     states, final_state = state_recurrence(
         *_varying(recurrence_inputs, _manual_axes(*recurrence_inputs)), tiling)
-    states = states.reshape(num_chunks, batch, num_heads, group, key_dim, value_dim).astype(dtype)
 
-    new_values = base_values - jnp.einsum("nbhgck,nbhgkv->nbhgcv", state_weights, states)
-    out = (entering_decay[..., None] * jnp.einsum("nbhck,nbhgkv->nbhgcv", q, states)
-           + jnp.einsum("nbhgij,nbhgjv->nbhgiv", attention, new_values))
-    out = out.transpose(1, 0, 4, 2, 3, 5).reshape(batch, num_chunks * CHUNK, num_v_heads, value_dim)
+    new_values = base_values - jnp.einsum("nbhck,nbhkv->nbhcv", state_weights.astype(dtype),
+                                          states.astype(dtype))
+    queries = q.astype(dtype).reshape(batch, num_chunks, CHUNK, num_heads, key_dim)
+    from_states = jnp.einsum("bnchk,nbhgkv->nbhgcv", queries, states.astype(dtype).reshape(
+        num_chunks, batch, num_heads, group, key_dim, value_dim))
+    out = (scale * entering_decay[..., None] * from_states.reshape(new_values.shape)
+           + jnp.einsum("nbhij,nbhjv->nbhiv", attention.astype(dtype), new_values))
+    out = out.transpose(1, 0, 3, 2, 4).reshape(batch, padded, num_v_heads, value_dim)
     return out[:, :seq_len], final_state.astype(dtype)

@@ -158,16 +158,17 @@ def check_xla_parts(batch, seq_len, heads, dim):
     intra = jax.jit(lambda *a: xla_chunk._intra_chunk(*a, None, None))
     row(f"xla_intra {name}", ms=bench(intra, q, k, v, g, beta))
     parts = intra(q, k, v, g, beta)
-    from kernels_pallas.gated_delta import wy
-    prep = jax.jit(lambda *a: wy.prepare_chunks(*a, None, None))
-    outs = prep(q, k, v, g, beta)
-    cot = tuple(jnp.ones_like(o) for o in outs)
-    prep_vjp = jax.jit(lambda *a: jax.vjp(lambda *b: wy.prepare_chunks(*b, None, None), *a)[1](cot))
-    intra_vjp = jax.jit(lambda *a: jax.vjp(lambda *b: xla_chunk._intra_chunk(*b, None, None),
-                                           *a)[1](tuple(jnp.ones_like(o) for o in parts)))
-    row(f"prep {name}", wy_fwd_ms=bench(prep, q, k, v, g, beta),
-        wy_fwdbwd_ms=bench(prep_vjp, q, k, v, g, beta),
-        xla_intra_fwdbwd_ms=bench(intra_vjp, q, k, v, g, beta))
+    from kernels_pallas.gated_delta import wy, wy_kernel
+    rows, _ = wy.chunk_rows(x["g"], x["beta"], None, n, 64)
+    raw = [x[m] for m in ("q", "k", "v")]
+    kernel = jax.jit(lambda *a: wy_kernel.prepare(*a, scale=dim ** -0.5))
+    kernel_t = jax.jit(lambda *a: wy_kernel.prepare(*a, scale=dim ** -0.5, with_inverse=True))
+    got = kernel_t(*raw, rows)
+    want = jax.jit(lambda *a: wy.prepare_reference(*a, scale=dim ** -0.5))(*raw, rows)
+    row(f"wy_kernel {name}", ms=bench(kernel, *raw, rows), with_inverse_ms=bench(kernel_t, *raw, rows),
+        xla_reference_ms=bench(jax.jit(lambda *a: wy.prepare_reference(*a, scale=dim ** -0.5)),
+                               *raw, rows),
+        **{f"err_{m}": rel(a, b) for m, a, b in zip(("W", "U", "Kw", "P", "T"), got, want)})
     state = jnp.zeros((batch, heads, 1, dim, dim), jnp.float32)
     scan = jax.jit(lambda s, *a: xla_chunk._state_scan(s, *a))
     row(f"xla_scan {name}", ms=bench(scan, state, k, parts[1], parts[2], parts[4], parts[5]))

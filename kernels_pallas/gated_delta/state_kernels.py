@@ -31,7 +31,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-_SMEM_BYTES = 232448          # an H200 block's shared memory (227 KiB)
+SMEM_BYTES = 232448          # an H200 block's shared memory (227 KiB)
 SUPPORTED_DIMS = (64, 128, 256)
 
 
@@ -48,7 +48,7 @@ class Tiling:
         return self.value_dim // self.value_tile
 
 
-def _swizzled(shape, dtype, swizzle=128):
+def swizzled_smem(shape, dtype, swizzle=128):
     """SMEM buffer type, swizzled by `swizzle` bytes or the minor dimension if narrower."""
     itemsize = jnp.dtype(dtype).itemsize
     swizzle = min(swizzle, shape[-1] * itemsize)
@@ -90,13 +90,13 @@ def choose_tiling(num_chunks, chunk, key_dim, value_dim, operand_dtype, value_ti
     for tile in candidates:
         tiling = Tiling(chunk, key_dim, value_dim, tile)
         if value_dim % tile == 0 and max(smem_bytes(tiling, operand_dtype, num_chunks, forward)
-                                         for forward in (True, False)) <= _SMEM_BYTES:
+                                         for forward in (True, False)) <= SMEM_BYTES:
             return tiling
     raise ValueError(f"no value tile of {candidates} fits shared memory for K = {key_dim}, "
                      f"{num_chunks} chunks")
 
 
-def _matmul(a, b, shape):
+def matmul(a, b, shape):
     """a @ b on the tensor cores (refs in SMEM; a may be a transposed view), float32 result."""
     def body(acc):
         plgpu.wgmma(acc, a, b)
@@ -145,10 +145,10 @@ def forward_states(kw, w, u, rho, s0, *, tiling: Tiling, interpret=None):
             state16_smem[...] = state.astype(op_dtype)
             plgpu.commit_smem()
             plgpu.copy_smem_to_gmem(state_smem, states_ref.at[c, b, head, :, columns])
-            predicted = _matmul(w_smem.at[slot], state16_smem, (chunk, vt))
+            predicted = matmul(w_smem.at[slot], state16_smem, (chunk, vt))
             vnew16_smem[...] = (u_smem.at[slot][...] - predicted).astype(op_dtype)
             plgpu.commit_smem()
-            written = _matmul(kw_smem.at[slot].T, vnew16_smem, (key_dim, vt))
+            written = matmul(kw_smem.at[slot].T, vnew16_smem, (key_dim, vt))
             return rho_smem[c] * state + written
 
         state = lax.fori_loop(0, num_chunks, step, state)
@@ -163,13 +163,13 @@ def forward_states(kw, w, u, rho, s0, *, tiling: Tiling, interpret=None):
                                      jnp.float32),
                 jax.ShapeDtypeStruct((batch, num_v_heads, key_dim, tiling.value_dim), jnp.float32))
     scratch = (
-        _swizzled((2, chunk, key_dim), op_dtype, swizzle),  # Kw
-        _swizzled((2, chunk, key_dim), op_dtype, swizzle),  # W
-        _swizzled((2, chunk, vt), jnp.float32),            # U
+        swizzled_smem((2, chunk, key_dim), op_dtype, swizzle),  # Kw
+        swizzled_smem((2, chunk, key_dim), op_dtype, swizzle),  # W
+        swizzled_smem((2, chunk, vt), jnp.float32),            # U
         plgpu.SMEM((rho.shape[-1],), jnp.float32),         # rho row
-        _swizzled((key_dim, vt), jnp.float32),             # state (for the copy out)
-        _swizzled((key_dim, vt), op_dtype, swizzle),       # state as a matmul operand
-        _swizzled((chunk, vt), op_dtype, swizzle),         # V_new as a matmul operand
+        swizzled_smem((key_dim, vt), jnp.float32),             # state (for the copy out)
+        swizzled_smem((key_dim, vt), op_dtype, swizzle),       # state as a matmul operand
+        swizzled_smem((chunk, vt), op_dtype, swizzle),         # V_new as a matmul operand
         plgpu.Barrier(num_arrivals=3, num_barriers=2),
         plgpu.Barrier(num_arrivals=2, num_barriers=1),
     )
@@ -218,12 +218,12 @@ def backward_states(kw, w, d_states, rho, d_final, *, tiling: Tiling, interpret=
                 fetch(c - 1, 1 - slot)
 
             plgpu.copy_smem_to_gmem(lam_smem, lambdas_ref.at[c, b, head, :, columns])
-            d_u = _matmul(kw_smem.at[slot], lam16_smem, (chunk, vt))
+            d_u = matmul(kw_smem.at[slot], lam16_smem, (chunk, vt))
             du_smem[...] = d_u
             du16_smem[...] = d_u.astype(op_dtype)
             plgpu.commit_smem()
             plgpu.copy_smem_to_gmem(du_smem, du_ref.at[c, b, head, :, columns])
-            back = _matmul(w_smem.at[slot].T, du16_smem, (key_dim, vt))
+            back = matmul(w_smem.at[slot].T, du16_smem, (key_dim, vt))
             return g_smem.at[slot][...] + rho_smem[c] * lam - back
 
         lam = lax.fori_loop(0, num_chunks, step, lam)
@@ -240,14 +240,14 @@ def backward_states(kw, w, d_states, rho, d_final, *, tiling: Tiling, interpret=
         jax.ShapeDtypeStruct((num_chunks, batch, num_v_heads, chunk, value_dim), jnp.float32),
         jax.ShapeDtypeStruct((batch, num_v_heads, key_dim, value_dim), jnp.float32))
     scratch = (
-        _swizzled((2, chunk, key_dim), op_dtype, swizzle),  # Kw
-        _swizzled((2, chunk, key_dim), op_dtype, swizzle),  # W
-        _swizzled((2, key_dim, vt), jnp.float32),          # G (cotangent of S_c)
+        swizzled_smem((2, chunk, key_dim), op_dtype, swizzle),  # Kw
+        swizzled_smem((2, chunk, key_dim), op_dtype, swizzle),  # W
+        swizzled_smem((2, key_dim, vt), jnp.float32),          # G (cotangent of S_c)
         plgpu.SMEM((rho.shape[-1],), jnp.float32),         # rho row
-        _swizzled((key_dim, vt), jnp.float32),             # lambda (for the copy out)
-        _swizzled((key_dim, vt), op_dtype, swizzle),       # lambda as a matmul operand
-        _swizzled((chunk, vt), jnp.float32),               # dU (for the copy out)
-        _swizzled((chunk, vt), op_dtype, swizzle),         # dU as a matmul operand
+        swizzled_smem((key_dim, vt), jnp.float32),             # lambda (for the copy out)
+        swizzled_smem((key_dim, vt), op_dtype, swizzle),       # lambda as a matmul operand
+        swizzled_smem((chunk, vt), jnp.float32),               # dU (for the copy out)
+        swizzled_smem((chunk, vt), op_dtype, swizzle),         # dU as a matmul operand
         plgpu.Barrier(num_arrivals=3, num_barriers=2),
         plgpu.Barrier(num_arrivals=2, num_barriers=1),
     )
