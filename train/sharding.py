@@ -2,7 +2,8 @@
 
     mesh axes            ("data", "fsdp", "tensor"), sizes from config.mesh, all AxisType.Auto
     logical -> mesh      batch -> ("data", "fsdp"); embed -> fsdp; vocab, mlp, heads,
-                         heads_x_dim, v_heads -> tensor; everything else replicated
+                         heads_x_dim, v_heads -> tensor; expert (MoE) -> data;
+                         everything else replicated
     param [d_0..d_n]     NamedSharding(mesh, P(rule(axis_0), ..., rule(axis_n))); a mesh axis that
                          does not divide its dimension is dropped (that dimension is replicated)
     batch [B, T+1]       P(("data", "fsdp"), None): each process feeds its rows, B / process_count
@@ -21,16 +22,19 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
+from kernels_pallas import shard
+
 MESH_AXES = ("data", "fsdp", "tensor")
-BATCH_MESH_AXES = ("data", "fsdp")
+BATCH_MESH_AXES = shard.BATCH_AXES      # the mixers' ops split rows and heads the same way
 LOGICAL_AXIS_RULES: tuple[tuple[str, Any], ...] = (
     ("batch", BATCH_MESH_AXES),
     ("embed", "fsdp"),
     ("vocab", "tensor"),
     ("mlp", "tensor"),
-    ("heads", "tensor"),
+    ("heads", shard.HEAD_AXIS),
     ("heads_x_dim", "tensor"),
     ("v_heads", "tensor"),
+    ("expert", "data"),
     ("length", None),
     ("head_dim", None),
     ("v_head_dim", None),

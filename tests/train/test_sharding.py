@@ -160,3 +160,34 @@ def test_make_mesh_checks_the_device_count():
         make_mesh((2, 1, 1), jax.devices()[:1])
     with pytest.raises(ConfigError, match="does not divide"):
         validate_for_devices(load_config(None, ["mesh.tensor=2"]), 1)
+
+
+def test_multi_gpu_script_on_eight_cpu_devices(tmp_path):
+    """benchmarks/multi_gpu.py at a tiny size: both layouts train like one device (float32),
+    and their checkpoints restore on one device and continue identically."""
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
+               JAX_PLATFORMS="cpu")
+    completed = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "multi_gpu.py"), "--config", "tiny_softmax",
+         "--steps", "1", "--loss-steps", "2", "--batch-per-device", "1", "--context", "16",
+         "--loss-tol", "1e-4", "--out", str(tmp_path), "model.d_model=16", "model.num_layers=1",
+         "attention.num_heads=2", "attention.head_dim=8"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    assert "fsdp x tensor" in completed.stdout and "scaling" in completed.stdout
+    result = json.loads((tmp_path / "multi_gpu-tiny_softmax-8dev.json").read_text())
+    assert result["devices"] == 8 and len(result["one_device"]["losses"]) == 2
+    meshes = {name: layout["mesh"] for name, layout in result["layouts"].items()}
+    assert meshes == {"data parallel": {"data": 8, "fsdp": 1, "tensor": 1},
+                      "fsdp x tensor": {"data": 1, "fsdp": 4, "tensor": 2}}
+    for layout in result["layouts"].values():
+        assert layout["losses_agree"] and layout["max_loss_difference"] < 1e-4
+        assert layout["restore_agrees"] and layout["restored_step"] == 2
+        assert layout["tokens_per_second"] > 0 and layout["scaling"] > 0
+
+
+def test_multi_gpu_script_refuses_more_devices_than_present(capsys):
+    from benchmarks.multi_gpu import main
+
+    assert main(["--config", "tiny_softmax", "--devices", str(jax.local_device_count() + 1)]) == 2
+    assert capsys.readouterr().err.startswith("error: --devices")
