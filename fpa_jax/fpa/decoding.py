@@ -1,86 +1,132 @@
-"""Token-by-token FPA decoding with a KV cache whose dead keys can be evicted.
+"""Token-by-token FPA decoding over a slot cache (fpa_jax/decode/slots.py) with eviction.
 
-Per cached key s and head, the cache holds its level psi_s and the running field minimum
-m_s = min_{s < u <= t} phi_u (+inf right after s is written). At each new token t:
+Per cached key s and head the cache keeps two float32 scalars: its level psi_s and a running
+state r_s, updated with every new token t (field phi_t, level psi_t):
 
-    m_s    <- min(m_s, phi_t)                    for every cached key      O(cache)
-    b_ts   =  beta * min(0, m_s - psi_s)         (b_tt = 0: the new key's range is empty)
-    out_t  =  sum_s softmax_s(scale * <q_t, k_s> + b_ts) v_s   over live keys
+    range minimum (default)   r_s <- min(r_s, phi_t)          (+BIG when s is written)
+                              b_ts = beta * min(0, r_s - psi_s)     (psi_t with query_level)
+    dip sum (dip_sum=True)    r_s <- r_s + min(0, phi_t - psi_s)    (0 when s is written)
+                              b_ts = beta * r_s
+    out_t = sum_s softmax_s(scale <q_t, k_s> + b_ts) v_s      over the live keys (content=False:
+                                                              the logits are b_ts alone)
 
-b_ts never rises (m_s only falls), so a key whose bias dropped below `evict_below` can be
-dropped for good. The cache has a fixed capacity (static shapes, jit-friendly); an evicted
-slot is marked dead per head and its memory is reusable by a compacting caller.
-`live_fraction` reports how much of the cache is still alive.
+With key levels b_ts never rises as t grows (r_s only falls), so a key whose bias dropped
+below `evict_below` is evicted for good and its slot is reused by the next token. Query
+levels make b_ts depend on psi_t, which can rise again: eviction is refused there.
 
-Shapes: q_t, k_t, v_t [B, H, D]; phi_t, psi_t [B, H]; beta [H]; cache arrays [B, S, H, ...].
+Shapes: q_t, k_t [B, H, D]; v_t [B, H, Dv]; phi_t, psi_t [B, H]; beta [H]; prefix arrays
+k [B, T, H, D], v [B, T, H, Dv], phi, psi [B, T, H]; out_t [B, H, Dv] in q_t's dtype.
 """
 
-from typing import NamedTuple
+from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
+from jax import lax
 
+from fpa_jax.decode import slots
 from fpa_jax.fpa import checks
 from fpa_jax.fpa.blocks import BIG
 
+FPACache = slots.SlotCache   # scalars: (level psi_s, running state r_s)
 
-class FPACache(NamedTuple):
-    keys: jnp.ndarray         # [B, S, H, D]
-    values: jnp.ndarray       # [B, S, H, Dv]
-    levels: jnp.ndarray       # [B, S, H] psi_s
-    running_min: jnp.ndarray  # [B, S, H] m_s
-    alive: jnp.ndarray        # [B, S, H] bool: written and not evicted
-    length: jnp.ndarray       # [] int32: tokens written so far
+
+def check_eviction(evict_below, query_level: bool):
+    """evict_below: None (keep every key) or a finite float; query levels allow only None."""
+    if evict_below is None:
+        return
+    if isinstance(evict_below, bool) or not isinstance(evict_below, (int, float)):
+        raise TypeError(f"evict_below: expected a float or None, got {evict_below!r}")
+    if evict_below != evict_below or evict_below == float("inf"):
+        raise ValueError(f"evict_below: expected a float below +inf or None, got {evict_below}")
+    if query_level and evict_below != float("-inf"):
+        raise ValueError("evict_below: query-level FPA's bias can rise again, so keys cannot "
+                         f"be evicted; pass None (got {evict_below})")
 
 
 def init_cache(batch, capacity, heads, dim, value_dim=None, dtype=jnp.float32):
-    """An empty cache for `capacity` tokens."""
+    """An empty cache of `capacity` slots per (batch row, head)."""
     value_dim = dim if value_dim is None else value_dim
-    return FPACache(
-        keys=jnp.zeros((batch, capacity, heads, dim), dtype),
-        values=jnp.zeros((batch, capacity, heads, value_dim), dtype),
-        levels=jnp.zeros((batch, capacity, heads), jnp.float32),
-        running_min=jnp.full((batch, capacity, heads), BIG, jnp.float32),
-        alive=jnp.zeros((batch, capacity, heads), bool),
-        length=jnp.zeros((), jnp.int32),
-    )
+    return slots.empty(batch, capacity, heads, dim, value_dim, dtype, num_scalars=2)
 
 
-def decode_step(cache: FPACache, q_t, k_t, v_t, phi_t, psi_t, beta, *, scale=None,
-                evict_below=-10.0):
-    """One token: returns (out_t [B, H, Dv], updated cache). evict_below=-inf keeps every key.
+def bias(cache, beta, psi_t=None, *, dip_sum=False):
+    """b [B, S, H] float32 of every slot from its scalars (psi_t [B, H] for query levels)."""
+    beta = beta.astype(jnp.float32)
+    level, running = cache.scalars
+    if dip_sum:
+        return beta * running
+    reference = level if psi_t is None else psi_t.astype(jnp.float32)[:, None, :]
+    return beta * jnp.minimum(0.0, running - reference)
 
-    Writing past the cache's capacity cannot raise under jit; the output is NaN instead.
-    """
+
+def _keep(values, evict_below):
+    if evict_below is None:
+        return jnp.ones(values.shape, bool)
+    return values >= evict_below
+
+
+def decode_step(cache, q_t, k_t, v_t, phi_t, psi_t, beta, *, scale=None, evict_below=-10.0,
+                query_level=False, content=True, dip_sum=False):
+    """One token: (out_t [B, H, Dv], cache). evict_below=None (or -inf) keeps every key."""
     batch, _, heads, dim = cache.keys.shape
     for name, x, shape in (("q_t", q_t, (batch, heads, dim)), ("k_t", k_t, (batch, heads, dim)),
+                           ("v_t", v_t, (batch, heads, cache.values.shape[-1])),
                            ("phi_t", phi_t, (batch, heads)), ("psi_t", psi_t, (batch, heads)),
                            ("beta", beta, (heads,))):
         checks.require_shape(name, x, shape)
-    checks.require_shape("v_t", v_t, (batch, heads, cache.values.shape[-1]))
-    scale = q_t.shape[-1] ** -0.5 if scale is None else scale
-    position = cache.length
-    running_min = jnp.minimum(cache.running_min, phi_t.astype(jnp.float32)[:, None, :])
-    bias = beta.astype(jnp.float32) * jnp.minimum(0.0, running_min - cache.levels)
-    alive = cache.alive & (bias >= evict_below)
-
-    write = lambda buffer, item: jax.lax.dynamic_update_slice_in_dim(buffer, item[:, None], position, axis=1)
-    keys = write(cache.keys, k_t.astype(cache.keys.dtype))
-    values = write(cache.values, v_t.astype(cache.values.dtype))
-    levels = write(cache.levels, psi_t.astype(jnp.float32))
-    running_min = write(running_min, jnp.full(phi_t.shape, BIG, jnp.float32))
-    bias = write(bias, jnp.zeros(phi_t.shape, jnp.float32))
-    alive = write(alive, jnp.ones(phi_t.shape, bool))
-
-    scores = jnp.einsum("bhd,bshd->bsh", q_t, keys, preferred_element_type=jnp.float32)
-    logits = jnp.where(alive, scale * scores + bias, -jnp.inf)
-    weights = jax.nn.softmax(logits, axis=1)
-    out = jnp.einsum("bsh,bshd->bhd", weights, values.astype(jnp.float32))
-    out = jnp.where(position < keys.shape[1], out, jnp.nan).astype(q_t.dtype)
-    return out, FPACache(keys, values, levels, running_min, alive, position + 1)
+    check_eviction(evict_below, query_level)
+    if dip_sum and query_level:
+        raise ValueError("dip_sum: supported with key levels only (query_level=False)")
+    scale = (dim ** -0.5 if dim else 1.0) if scale is None else scale
+    phi_t = phi_t.astype(jnp.float32)
+    level, running = cache.scalars
+    if dip_sum:
+        running = running + jnp.minimum(0.0, phi_t[:, None, :] - level)
+    else:
+        running = jnp.minimum(running, phi_t[:, None, :])
+    cache = cache._replace(scalars=(level, running))
+    query_psi = psi_t if query_level else None
+    cache = slots.evict(cache, _keep(bias(cache, beta, query_psi, dip_sum=dip_sum), evict_below))
+    fresh = 0.0 if dip_sum else BIG
+    cache = slots.write(cache, k_t, v_t, (psi_t, jnp.full(phi_t.shape, fresh, jnp.float32)))
+    out = slots.attend(cache, q_t, bias(cache, beta, query_psi, dip_sum=dip_sum), scale, content)
+    return out, cache
 
 
-def live_fraction(cache: FPACache):
-    """Share of written (key, head) slots still alive: [] float32."""
-    written = jnp.maximum(cache.length, 1) * cache.alive.shape[0] * cache.alive.shape[2]
+def prefix_scalars(phi, psi, *, dip_sum=False):
+    """(level, running) [B, T, H] float32 of every key s after the last token T-1 of a prefix."""
+    phi, psi = phi.astype(jnp.float32), psi.astype(jnp.float32)
+    if dip_sum:
+        later = jnp.arange(phi.shape[1])[:, None] > jnp.arange(phi.shape[1])[None, :]  # [u, s]
+        dips = jnp.minimum(0.0, phi[:, :, None, :] - psi[:, None, :, :])             # [B,u,s,H]
+        return psi, jnp.sum(jnp.where(later[None, :, :, None], dips, 0.0), axis=1)
+    suffix_min = lax.cummin(phi, axis=1, reverse=True)                 # min_{u >= s} phi_u
+    running = jnp.concatenate([suffix_min[:, 1:], jnp.full_like(phi[:, :1], BIG)], axis=1)
+    return psi, running
+
+
+def prefill_cache(k, v, phi, psi, beta, *, evict_below=-10.0, query_level=False,
+                  dip_sum=False):
+    """The cache after a whole prefix (T slots, slot j = token j, evicted ones already free)."""
+    checks.require_rank("k", k, 4)
+    batch, length, heads, _ = k.shape
+    for name, x in (("phi", phi), ("psi", psi)):
+        checks.require_shape(name, x, (batch, length, heads))
+    checks.require_shape("beta", beta, (heads,))
+    check_eviction(evict_below, query_level)
+    scalars = prefix_scalars(phi, psi, dip_sum=dip_sum)
+    cache = slots.from_sequence(k, v, scalars, jnp.ones((batch, length, heads), bool))
+    if query_level:   # no eviction: the scalars alone describe the bias of the next query
+        return cache
+    return slots.evict(cache, _keep(bias(cache, beta, dip_sum=dip_sum), evict_below))
+
+
+def live_fraction(cache):
+    """Share of the written (key, head) pairs still alive: [] float32."""
+    batch, _, heads = cache.alive.shape
+    written = jnp.maximum(cache.length, 1) * batch * heads
     return cache.alive.sum() / written
+
+
+__all__ = ["FPACache", "bias", "check_eviction", "decode_step", "init_cache", "live_fraction",
+           "prefill_cache", "prefix_scalars"]

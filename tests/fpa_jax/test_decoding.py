@@ -1,67 +1,185 @@
-"""FPA decoding with a KV cache against the parallel forward."""
+"""Decoding with slot caches: FPA's bias rule against the parallel forward, eviction exactly
+where the bias fell below the threshold with the freed slots reused, loud overflow, and every
+attention layer's prefill + one-token step against its own parallel forward."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
+from flax import linen as nn
 
-from tests.seeds import run_seed
-from fpa_jax import fields, fpa_attention
+from fpa_jax import fields, fpa_bias
+from fpa_jax.decode import additive, slots
+from fpa_jax.decode import layers as layer_decoding
 from fpa_jax.fpa.decoding import decode_step, init_cache, live_fraction
+from fpa_jax.layers import FoXAttention, FPAAttention, SoftmaxAttention
+from tests.seeds import case_seed
 
-SEED = run_seed()  # fresh every session; TEST_SEED reproduces it
+THRESHOLD = -10.0
 
 
-def make_inputs(seed, batch=2, length=48, heads=3, dim=8, tilt=0.0):
+def make_inputs(seed, batch=2, length=40, heads=3, dim=8, tilt=0.0, beta_low=-1.0):
     keys = jax.random.split(jax.random.PRNGKey(seed), 6)
     q, k, v = (jax.random.normal(keys[i], (batch, length, heads, dim)) for i in range(3))
     delta = jax.random.normal(keys[3], (batch, length, heads)) + tilt
-    phi, psi = fields(delta, jax.random.normal(keys[4], delta.shape), jax.random.normal(keys[5], delta.shape))
-    beta = jax.nn.softplus(jnp.linspace(-1.0, 1.0, heads))
+    phi, psi = fields(delta, jax.random.normal(keys[4], delta.shape),
+                      jax.random.normal(keys[5], delta.shape))
+    beta = jax.nn.softplus(jnp.linspace(beta_low, 1.0, heads))
     return q, k, v, phi, psi, beta
 
 
-def decode_all(args, evict_below):
+def decode_all(args, capacity, evict_below, **options):
+    """Every token through decode_step (one lax.scan): (outs [B, T, H, D], cache, most live)."""
     q, k, v, phi, psi, beta = args
-    batch, length, heads, dim = q.shape
-    step = jax.jit(lambda cache, *x: decode_step(cache, *x, beta, evict_below=evict_below))
-    cache = init_cache(batch, length, heads, dim)
-    outs = []
-    for t in range(length):
-        out, cache = step(cache, q[:, t], k[:, t], v[:, t], phi[:, t], psi[:, t])
-        outs.append(out)
-    return jnp.stack(outs, axis=1), cache
+    batch, _, heads, dim = q.shape
+
+    def step(carry, inputs):
+        cache, most_live = carry
+        out, cache = decode_step(cache, *inputs, beta, evict_below=evict_below, **options)
+        return (cache, jnp.maximum(most_live, slots.live_counts(cache).max())), out
+
+    time_major = [jnp.moveaxis(x, 1, 0) for x in (q, k, v, phi, psi)]
+    (cache, most_live), outs = jax.jit(lambda xs: jax.lax.scan(
+        step, (init_cache(batch, capacity, heads, dim), jnp.zeros((), jnp.int32)), xs))(time_major)
+    return jnp.moveaxis(outs, 0, 1), cache, int(most_live)
 
 
-def test_decoding_without_eviction_equals_parallel_forward():
-    args = make_inputs(SEED)
-    decoded, cache = decode_all(args, evict_below=-jnp.inf)
-    parallel = fpa_attention(*args, implementation="reference")
-    np.testing.assert_allclose(np.asarray(decoded), np.asarray(parallel), atol=2e-5, rtol=1e-5,
-                               err_msg=f"seed {SEED}")
-    assert float(live_fraction(cache)) == 1.0
+def test_eviction_removes_exactly_the_keys_below_the_threshold_and_reuses_their_slots():
+    seed = case_seed(2)
+    args = make_inputs(seed, length=64, tilt=-2.0, beta_low=0.0)   # falling walk: keys die
+    q, k, v, phi, psi, beta = args
+    length = q.shape[1]
+    capacity = 24                                      # far fewer slots than tokens
+    decoded, cache, most_live = decode_all(args, capacity, THRESHOLD)
+    assert not bool(cache.overflow), f"seed {seed}: {most_live} live keys overflowed"
+    assert 0.0 < float(live_fraction(cache)) < 0.5
+    # the final bias row of every key: alive iff it is still >= the threshold
+    bias = fpa_bias(phi, psi, beta)
+    final_bias = np.moveaxis(np.asarray(bias[:, :, -1, :]), 1, 2)      # [B, T, H]
+    token, alive = np.asarray(cache.token), np.asarray(cache.alive)
+    for b in range(q.shape[0]):
+        for h in range(q.shape[2]):
+            expected = set(np.flatnonzero(final_bias[b, :, h] >= THRESHOLD))
+            assert set(token[b, :, h][alive[b, :, h]]) == expected, f"seed {seed}, {b}, {h}"
+    assert token.max() == length - 1                   # late tokens sit in reused slots
+    # every output equals dense attention without the keys whose bias was below the threshold
+    scores = 8 ** -0.5 * jnp.einsum("bthd,bshd->bhts", q, k) + bias
+    weights = jax.nn.softmax(jnp.where(bias >= THRESHOLD, scores, -jnp.inf), axis=-1)
+    dense = jnp.einsum("bhts,bshd->bthd", weights, v)
+    np.testing.assert_allclose(decoded, dense, atol=2e-5, rtol=1e-5, err_msg=f"seed {seed}")
 
 
-def test_eviction_drops_only_dead_keys_and_changes_little():
-    args = make_inputs(SEED + 1, length=64, tilt=-0.5)  # falling walk: many keys die
-    decoded, cache = decode_all(args, evict_below=-10.0)
-    parallel = fpa_attention(*args, implementation="reference")
-    fraction = float(live_fraction(cache))
-    assert 0.0 < fraction < 0.9, fraction
-    # an evicted key's weight was at most exp(-10 + content spread) relative to the row
-    assert float(jnp.abs(decoded - parallel).max()) < 5e-2
-    # the bias never rises, so a key is alive iff its final bias is still above the threshold
-    _, _, _, phi, psi, beta = args
-    for s in range(0, phi.shape[1] - 1, 7):
-        final_bias = beta * jnp.minimum(0.0, phi[:, s + 1:].min(axis=1) - psi[:, s])
-        np.testing.assert_array_equal(np.asarray(cache.alive[:, s]), np.asarray(final_bias >= -10.0))
+def test_fox_rule_evicts_exactly_below_the_threshold():
+    seed = case_seed(3)
+    keys = jax.random.split(jax.random.PRNGKey(seed), 4)
+    batch, length, heads, dim = 2, 48, 2, 4
+    q, k, v = (jax.random.normal(keys[i], (batch, length, heads, dim)) for i in range(3))
+    log_forget = jax.nn.log_sigmoid(jax.random.normal(keys[3], (batch, length, heads)))
+
+    def step(cache, inputs):
+        return additive.decode_step(cache, *inputs, scale=0.5, evict_below=THRESHOLD)[1], None
+
+    time_major = [jnp.moveaxis(x, 1, 0) for x in (q, k, v, log_forget)]
+    cache, _ = jax.jit(lambda xs: jax.lax.scan(
+        step, additive.init_cache(batch, 32, heads, dim), xs))(time_major)
+    assert not bool(cache.overflow)
+    total = np.cumsum(np.asarray(log_forget), axis=1)
+    final_bias = total[:, -1:] - total
+    token, alive = np.asarray(cache.token), np.asarray(cache.alive)
+    for b in range(batch):
+        for h in range(heads):
+            live = set(token[b, :, h][alive[b, :, h]])
+            assert live == set(np.flatnonzero(final_bias[b, :, h] >= THRESHOLD)), f"seed {seed}"
 
 
-def test_bad_shapes_and_overflow_are_loud():
-    import pytest
+def test_full_cache_sets_the_overflow_flag_instead_of_writing():
     q, k, v, phi, psi, beta = make_inputs(0, length=3)
-    cache = init_cache(2, 2, 3, 8)
     with pytest.raises(ValueError, match="k_t: expected shape"):
-        decode_step(cache, q[:, 0], k[:, 0, :2], v[:, 0], phi[:, 0], psi[:, 0], beta)
+        decode_step(init_cache(2, 2, 3, 8), q[:, 0], k[:, 0, :2], v[:, 0], phi[:, 0],
+                    psi[:, 0], beta)
+    with pytest.raises(ValueError, match="query-level"):
+        decode_step(init_cache(2, 4, 3, 8), q[:, 0], k[:, 0], v[:, 0], phi[:, 0], psi[:, 0], beta,
+                    query_level=True, evict_below=THRESHOLD)
+    cache = slots.empty(2, 2, 3, 8, 8, jnp.float32, num_scalars=1)
+    write = jax.jit(slots.write)
     for t in range(3):
-        out, cache = decode_step(cache, q[:, t], k[:, t], v[:, t], phi[:, t], psi[:, t], beta)
-    assert bool(jnp.isnan(out).all())  # the third token did not fit in a capacity-2 cache
+        cache = write(cache, k[:, t], v[:, t], (phi[:, t],))
+    assert bool(cache.overflow) and int(np.asarray(cache.alive).sum()) == 2 * 2 * 3
+    assert set(np.asarray(cache.token).ravel()) == {0, 1}    # token 2 was not written over them
+    np.testing.assert_array_equal(cache.keys, k[:, :2])
+
+
+def test_resize_keeps_live_keys_and_refuses_to_cut_them():
+    q, k, v, phi, psi, beta = make_inputs(case_seed(4), length=6)
+    keep = np.random.default_rng(case_seed(5)).random(phi.shape) < 0.5
+    cache = slots.from_sequence(k, v, (phi,), jnp.asarray(keep))
+    live = int(keep.sum(axis=1).max())
+    for capacity in (16, max(live, 1)):
+        resized = jax.device_get(slots.resize(cache, capacity))
+        assert resized.alive.shape[1] == capacity
+        for b in range(2):
+            for h in range(3):
+                expected = np.flatnonzero(keep[b, :, h])
+                np.testing.assert_array_equal(resized.token[b, :expected.size, h], expected)
+                assert not resized.alive[b, expected.size:, h].any()
+                np.testing.assert_array_equal(resized.keys[b, :expected.size, h],
+                                              np.asarray(k)[b, expected, h])
+    if live:
+        with pytest.raises(ValueError, match=f"cannot hold the {live} live keys"):
+            slots.resize(cache, live - 1)
+
+
+SMALL = dict(num_heads=2, head_dim=4, implementation="reference")   # the dense oracles
+LAYERS = {
+    "fpa": FPAAttention(**SMALL),
+    "fpa_stack_form": FPAAttention(stack_form=True, **SMALL),
+    "fpa_no_key_level": FPAAttention(key_level=False, **SMALL),
+    "fpa_query_level": FPAAttention(query_level=True, **SMALL),
+    "fpa_no_content": FPAAttention(content=False, **SMALL),
+    "fpa_dip_sum": FPAAttention(dip_sum=True, **SMALL),
+    "fpa_no_bias": FPAAttention(use_bias=False, **SMALL),
+    "fox": FoXAttention(**SMALL),
+    "softmax_rope": SoftmaxAttention(position="rope", **SMALL),
+    "softmax_nope": SoftmaxAttention(position="nope", **SMALL),
+    "softmax_alibi": SoftmaxAttention(position="alibi", **SMALL),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LAYERS))
+def test_layer_prefill_and_steps_reproduce_the_parallel_forward(name):
+    layer, seed = LAYERS[name], case_seed(10 + sorted(LAYERS).index(name))
+    batch, length, prefix, width = 2, 7, 3, 8
+    x = jax.random.normal(jax.random.PRNGKey(seed), (batch, length, width))
+    params = nn.meta.unbox(layer.init(jax.random.PRNGKey(seed + 1), x)["params"])
+    # perturb every parameter so the zero-initialised scalar maps depend on x
+    leaves, tree = jax.tree.flatten(params)
+    noise = jax.random.split(jax.random.PRNGKey(seed + 2), len(leaves))
+    params = jax.tree.unflatten(tree, [p + 0.3 * jax.random.normal(n, p.shape)
+                                       for p, n in zip(leaves, noise)])
+
+    def decode(x):
+        y, cache = layer_decoding.prefill(layer, params, x[:, :prefix], evict_below=None)
+        cache = layer_decoding.resize(cache, length)           # growing: jittable
+
+        def step(cache, x_t):
+            y_t, cache = layer_decoding.step(layer, params, x_t, cache, evict_below=None)
+            return cache, y_t
+
+        cache, ys = jax.lax.scan(step, cache, jnp.moveaxis(x[:, prefix:], 1, 0))
+        decoded = jnp.concatenate([y, jnp.moveaxis(ys, 0, 1)], axis=1)
+        return decoded, layer.apply({"params": params}, x), cache["slots"].overflow
+
+    decoded, parallel, overflow = jax.jit(decode)(x)
+    np.testing.assert_allclose(decoded, parallel, atol=2e-5, rtol=2e-5,
+                               err_msg=f"{name}, seed {seed}")
+    assert not bool(overflow)
+
+
+def test_eviction_applies_only_where_the_bias_never_rises():
+    assert layer_decoding.eviction(LAYERS["fpa"], THRESHOLD) == THRESHOLD
+    assert layer_decoding.eviction(LAYERS["fpa_dip_sum"], THRESHOLD) == THRESHOLD
+    assert layer_decoding.eviction(LAYERS["fox"], THRESHOLD) == THRESHOLD
+    for name in ("fpa_query_level", "fpa_no_bias", "softmax_rope", "softmax_alibi"):
+        assert layer_decoding.eviction(LAYERS[name], THRESHOLD) is None, name
+    with pytest.raises(TypeError, match="evict_below"):
+        layer_decoding.eviction(LAYERS["fpa"], "low")

@@ -1,0 +1,140 @@
+"""`python -m train generate RUN --prompt TEXT [--max-new-tokens N --temperature T --top-k K
+--top-p P --seed S --batch B --evict-below X|none --step N]`.
+
+Parser and handler only (imported when the command line is built, so nothing heavy at import);
+generation itself is train/generate/. Loads the run's config, tokenizer and checkpoint (the
+newest, or --step), prefills the prompt (B copies, each sampled on its own), streams row 0's
+text to stdout as it is decoded (the other rows follow at the end), then prints one line:
+tokens, tokens/s and the attention caches' live keys and slots.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+DEFAULT_EVICT_BELOW = -10.0
+
+
+def _evict_below(text: str) -> float | None:
+    if text.lower() == "none":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number or 'none', got {text!r}") from None
+    if value != value or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number below +inf or 'none', got {text!r}")
+    return value
+
+
+def add_generate_command(commands: Any) -> None:
+    """Register `generate RUN --prompt TEXT [...]`."""
+    text = "sample text from a run's checkpoint (prefill + cached decoding, streamed)"
+    sub = commands.add_parser("generate", help=text, description=text)
+    sub.add_argument("run_dir")
+    sub.add_argument("--prompt", required=True, help="text to continue (at least one token)")
+    sub.add_argument("--max-new-tokens", type=int, default=128)
+    sub.add_argument("--temperature", type=float, default=1.0, help="0: greedy")
+    sub.add_argument("--top-k", type=int, default=0, help="0: no top-k cut")
+    sub.add_argument("--top-p", type=float, default=1.0, help="1: no nucleus cut")
+    sub.add_argument("--seed", type=int, default=0)
+    sub.add_argument("--batch", type=int, default=1, help="samples of the same prompt")
+    sub.add_argument("--evict-below", type=_evict_below, default=DEFAULT_EVICT_BELOW,
+                     help="evict FPA/FoX keys whose bias fell below this (default -10); "
+                          "'none' keeps every key")
+    sub.add_argument("--step", type=int, help="checkpoint step (default: the newest)")
+    sub.set_defaults(handler=command_generate)
+
+
+class _Streamer:
+    """Prints row 0's text as tokens arrive (holding back an unfinished UTF-8 character)."""
+
+    def __init__(self, tokenizer, stop_token):
+        self.tokenizer, self.stop_token = tokenizer, stop_token
+        self.ids: list[int] = []
+        self.printed = 0
+        self.done = False
+
+    def __call__(self, tokens) -> None:
+        if self.done:
+            return
+        token = int(tokens[0])
+        if token == self.stop_token:
+            self.done = True
+            self.flush()
+            return
+        self.ids.append(token)
+        text = self.tokenizer.decode(self.ids)
+        if not text.endswith("\ufffd"):
+            self._print(text)
+
+    def _print(self, text: str) -> None:
+        sys.stdout.write(text[self.printed:])
+        sys.stdout.flush()
+        self.printed = len(text)
+
+    def flush(self) -> None:
+        self._print(self.tokenizer.decode(self.ids))
+
+
+def _text(tokenizer, row, stop_token) -> str:
+    row = list(row)
+    return tokenizer.decode(row[:row.index(stop_token)] if stop_token in row else row)
+
+
+def command_generate(args) -> int:
+    from pathlib import Path
+
+    from train.cli import UserError
+
+    if not Path(args.run_dir).is_dir():
+        raise UserError(f"{args.run_dir}: run directory does not exist")
+    for name, value, ok in (("--max-new-tokens", args.max_new_tokens, args.max_new_tokens >= 1),
+                            ("--batch", args.batch, args.batch >= 1),
+                            ("--top-k", args.top_k, args.top_k >= 0),
+                            ("--top-p", args.top_p, 0.0 < args.top_p <= 1.0),
+                            ("--temperature", args.temperature,
+                             0.0 <= args.temperature < float("inf"))):
+        if not ok:
+            raise UserError(f"{name}: out of range, got {value}")
+    if not args.prompt:
+        raise UserError("--prompt: empty; give some text to continue")
+
+    import numpy as np
+
+    from train.generate.driver import Generator
+    from train.generate.lm import Decoder
+    from train.generate.loading import load
+    from train.generate.sampling import SamplingConfig
+
+    loaded = load(args.run_dir, args.step)
+    config, tokenizer = loaded.config, loaded.tokenizer
+    prompt = tokenizer.encode_array(args.prompt)
+    if prompt.size == 0:
+        raise UserError("--prompt: encodes to no tokens; give some text")
+    try:
+        decoder = Decoder(loaded.model, evict_below=args.evict_below)
+    except ValueError as error:
+        raise UserError(f"{args.run_dir}: {error}") from None
+    sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)
+    generator = Generator(decoder, loaded.params, sampling, tokenizer.vocab_size)
+    stop_token = getattr(tokenizer, "eos_id", None)
+    streamer = _Streamer(tokenizer, stop_token)
+    print(f"step {loaded.step} of {args.run_dir} ({config.name}), evict_below="
+          f"{args.evict_below}", file=sys.stderr, flush=True)
+    sys.stdout.write(args.prompt)
+    result = generator.generate(np.repeat(prompt[None], args.batch, axis=0), args.max_new_tokens,
+                                seed=args.seed, on_tokens=streamer, stop_token=stop_token)
+    streamer.flush()
+    sys.stdout.write("\n")
+    for index, row in enumerate(result.tokens[1:], start=1):
+        print(f"--- sample {index}\n{args.prompt}{_text(tokenizer, row, stop_token)}")
+    caches = ", ".join(f"{live}/{slots}" for live, slots in zip(result.live_keys, result.capacities)
+                       if slots is not None) or "none (recurrent state only)"
+    print(f"{result.tokens.size} tokens ({args.batch} x {result.tokens.shape[1]}) after a "
+          f"{result.prompt_length}-token prompt: {result.tokens_per_second:.1f} tokens/s "
+          f"(prefill {result.prefill_seconds:.2f} s); attention cache live keys/slots per layer: "
+          f"{caches}", flush=True)
+    return 0
