@@ -9,9 +9,10 @@ import pytest
 from train.probes import tasks
 from train.probes.runner import ProbeConfig, run_probe, train_seeds
 from train.probes.stats import fisher_greater
-from train.probes.tasks import PAD, TASKS, ladder_layout
+from train.probes.tasks import PAD, TASKS, ladder_layout, resolve_sizes, two_walks_layout
+from tests.seeds import case_seed
 
-SEEDS = (0, 7, 1234)
+SEEDS = (0, 7, case_seed(13))
 N = 40
 
 
@@ -68,6 +69,73 @@ def solve_ladder(rungs, num_values, stepwise):
         return answers
 
     return solve
+
+
+def solve_two_walks(rungs, num_values):
+    """Replays the events on explicit alive sets (no running minimum / maximum)."""
+    lay = two_walks_layout(rungs, num_values)
+
+    def solve(tokens):
+        tokens = strip(tokens)
+        writes = tokens[:2 * rungs]
+        family_a = [t - lay["a"] for t in writes[0::2]]
+        family_b = [t - lay["b"] for t in writes[1::2]]
+        assert all(0 <= v < num_values for v in family_a + family_b)
+        assert len(set(family_a + family_b)) == 2 * rungs
+        alive = {("A", i + 1) for i in range(rungs)} | {("B", i + 1) for i in range(rungs)}
+        answers = {}
+        for position, t in enumerate(tokens[2 * rungs:], start=2 * rungs):
+            if lay["event"] <= t < lay["ask"]:
+                depth = t - lay["event"]
+                for level in range(1, rungs + 1):   # one of A_level, B_level dies
+                    alive.discard(("A", level) if level > depth else ("B", level))
+            else:
+                assert lay["ask"] <= t < lay["vocab_size"], t
+                value = t - lay["ask"]
+                rung = (("A", family_a.index(value) + 1) if value in family_a
+                        else ("B", family_b.index(value) + 1))
+                answers[position] = lay["alive"] if rung in alive else lay["dead"]
+        return answers
+
+    return solve
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("rungs", [1, 4])
+def test_two_walks_matches_brute_force(seed, rungs):
+    data = tasks.two_walks(seed, N, rungs=rungs, num_values=2 * rungs + 1, num_events=3,
+                           num_queries=7)
+    assert_answers(data, solve_two_walks(rungs, 2 * rungs + 1))
+    answers = data.targets[data.mask]
+    assert {1, 2} <= set(answers)  # both live and dead rungs are asked about
+    lay = two_walks_layout(rungs, 2 * rungs + 1)
+    assert data.tokens.shape[1] == 2 * rungs + 10 and data.vocab_size == lay["vocab_size"]
+
+
+def test_two_walks_needs_both_running_minimum_and_maximum():
+    """An event of depth d kills A above d and B at or below d: at every level exactly one."""
+    lay = two_walks_layout(3, 6)
+    data = tasks.two_walks(case_seed(14), 300, rungs=3, num_events=1, num_queries=6)
+    for tokens, targets, mask in rows(data):
+        depth = next(t - lay["event"] for t in tokens if lay["event"] <= t < lay["ask"])
+        event_at = next(i for i, t in enumerate(tokens) if lay["event"] <= t < lay["ask"])
+        a_values = [t - lay["a"] for t in tokens[0:6:2]]
+        for i in (i for i, m in enumerate(mask) if m and i > event_at):
+            value = tokens[i] - lay["ask"]
+            level = (a_values.index(value) if value in a_values
+                     else [t - lay["b"] for t in tokens[1:6:2]].index(value)) + 1
+            a_rung = value in a_values
+            assert (targets[i] == lay["alive"]) == ((level <= depth) if a_rung else (level > depth))
+
+
+def test_unset_sizes_are_resolved_before_they_are_recorded():
+    assert resolve_sizes("ladder", {"rungs": 5})["num_values"] == 5
+    assert resolve_sizes("two_walks", {"rungs": 3})["num_values"] == 6
+    assert resolve_sizes("two_walks", {"rungs": 3, "num_values": 9})["num_values"] == 9
+    for name in TASKS:
+        assert None not in resolve_sizes(name).values(), name
+    with pytest.raises(ValueError, match="unknown size"):
+        resolve_sizes("two_walks", {"rung": 2})
 
 
 def solve_push_pop(tokens):
@@ -244,6 +312,7 @@ def test_cli_writes_outputs_and_vmap_equals_seeds_one_by_one(tmp_path, capsys):
         assert [row["method"] for row in csv.DictReader(handle)] == ["fpa"]
     run = result["methods"]["fpa"]
     assert np.shape(run["accuracy_curves"]) == (2, 2) and result["sizes"]["rungs"] == 3
+    assert result["sizes"]["num_values"] == 4 and None not in result["sizes"].values()
 
     for seed in (0, 1):
         alone = train_seeds("fpa", "ladder", TINY_SIZES,
@@ -270,6 +339,18 @@ def test_cli_lists_tasks_and_rejects_bad_keys(capsys):
     assert main(["probe", "list"]) == 0
     assert "ladder" in capsys.readouterr().out
     assert main(["probe", "ladder", "rung=3"]) == 2
-    assert "unknown key 'rung'" in capsys.readouterr().err
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and "unknown key 'rung'" in err[0]
     assert main(["probe", "ladder", "steps=x"]) == 2
     assert main(["probe"]) == 2
+
+
+def test_two_walks_defaults_to_two_heads_of_dim_two():
+    from train.probes.cli import parse_arguments
+
+    _, _, _, _, config, sizes = parse_arguments(["two_walks", "rungs=2"])
+    assert (config.num_heads, config.head_dim) == (2, 2) and sizes == {"rungs": 2}
+    _, _, _, _, config, _ = parse_arguments(["two_walks", "num_heads=1"])
+    assert (config.num_heads, config.head_dim) == (1, 2)
+    _, _, _, _, config, _ = parse_arguments(["ladder"])
+    assert (config.num_heads, config.head_dim) == (1, 4)

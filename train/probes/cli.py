@@ -3,7 +3,9 @@
 Keys: methods=fpa,fox,...  reference=fpa  out=DIR (default runs/probe-TASK-<time>), any
 ProbeConfig field (seeds, steps, eval_every, batch_size, lr, head_dim, num_layers, ...) and any
 size keyword of the task's generator (e.g. rungs=10 for ladder). Values are parsed by the type
-of the default. `python -m train probe list` prints the tasks, their sizes and the methods.
+of the default. A task may set its own ProbeConfig defaults (two_walks: num_heads=2,
+head_dim=2); keys on the command line override them. A mistake prints one `error:` line and
+exits 2. `python -m train probe list` prints the tasks, their sizes and the methods.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ def _parse_value(key: str, text: str, default):
 def parse_arguments(argv: list[str]):
     """argv = [TASK, key=value, ...] -> (task, methods, reference, out, ProbeConfig, sizes)."""
     from train.probes.runner import ProbeConfig
-    from train.probes.tasks import task_sizes
+    from train.probes.tasks import TASKS, task_sizes
 
     if not argv:
         raise ValueError("usage: python -m train probe TASK [key=value ...] (TASK=list lists them)")
@@ -63,6 +65,7 @@ def parse_arguments(argv: list[str]):
             raise ValueError(f"unknown key {key!r}: expected methods, reference, out, one of "
                              f"{sorted(config_defaults)} or a size of {task}: {sorted(defaults)}")
     method_list = [m for m in methods.split(",") if m]
+    config = {**TASKS[task].config, **config}   # the task's defaults, then the command line
     out = out or Path("runs") / f"probe-{task}-{time.strftime('%Y%m%d-%H%M%S')}"
     return task, method_list, reference, out, ProbeConfig(**config), sizes
 
@@ -75,7 +78,8 @@ def main(argv: list[str]) -> int:
 
     if argv[:1] == ["list"]:
         for name, task in TASKS.items():
-            print(f"{name:<20} threshold {task.threshold}  sizes {task_sizes(name)}")
+            defaults = f"  config {task.config}" if task.config else ""
+            print(f"{name:<20} threshold {task.threshold}  sizes {task_sizes(name)}{defaults}")
         print("methods:", ", ".join(METHODS))
         return 0
     try:
@@ -83,7 +87,7 @@ def main(argv: list[str]) -> int:
         start = time.perf_counter()
         result = run_probe(task, methods, config, sizes, reference=reference)
     except (ValueError, TypeError) as error:
-        print(f"probe error: {error}", file=sys.stderr)
+        print(f"error: probe: {' '.join(str(error).split())}", file=sys.stderr)
         return 2
     paths = write_outputs(result, out)
     print(format_table(result))

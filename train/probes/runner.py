@@ -27,7 +27,7 @@ import optax
 
 from train.probes.model import build_model, check_method
 from train.probes.stats import fisher_greater
-from train.probes.tasks import TASKS, ProbeData, task_sizes
+from train.probes.tasks import TASKS, ProbeData, resolve_sizes
 
 
 @dataclass(frozen=True)
@@ -160,12 +160,7 @@ def run_probe(task: str, methods: list[str], config: ProbeConfig, sizes: dict | 
         raise ValueError("methods must name at least one method")
     for method in methods:
         check_method(method)
-    defaults = task_sizes(task)
-    sizes = dict(sizes or {})
-    unknown = sorted(set(sizes) - set(defaults))
-    if unknown:
-        raise ValueError(f"{task}: unknown size(s) {unknown}; expected some of {sorted(defaults)}")
-    sizes = {**defaults, **sizes}
+    sizes = resolve_sizes(task, sizes)
     threshold = TASKS[task].threshold
     results = {}
     for method in methods:

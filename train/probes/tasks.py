@@ -138,6 +138,75 @@ def variable_dips(seed: int, num_sequences: int, rungs: int = 6, num_values: int
 
 
 # ----------------------------------------------------------------------------------------------
+# Two complementary walk families
+# ----------------------------------------------------------------------------------------------
+
+
+def two_walks_layout(rungs: int, num_values: int) -> dict[str, int]:
+    """Id offsets of two_walks: PAD 0, DEAD 1, ALIVE 2, A(v) = 3 + v, B(v) = 3 + V + v,
+    EVENT(d) = 3 + 2V + d (d = 0..r), ASK(v) = 4 + 2V + r + v; vocab_size = 4 + 3V + r."""
+    a, b = 3, 3 + num_values
+    event = b + num_values
+    ask = event + rungs + 1
+    return {"dead": 1, "alive": 2, "a": a, "b": b, "event": event, "ask": ask,
+            "vocab_size": ask + num_values}
+
+
+def two_walks(seed: int, num_sequences: int, rungs: int = 4, num_values: int | None = None,
+              num_events: int = 2, num_queries: int = 8) -> ProbeData:
+    """Two complementary walk families: one event kills family A from above, B from below.
+
+    Write phase: 2r tokens A(a_1) B(b_1) A(a_2) B(b_2) .. A(a_r) B(b_r), the 2r values a_i, b_j
+    distinct, uniform from num_values symbols (None: num_values = 2r, a permutation); rung i of
+    either family sits at level i. Then num_events event tokens and num_queries query tokens in
+    random order. EVENT(d), d uniform in {0, .., r}, kills for good every A rung with i > d and
+    every B rung with j <= d (so each event kills exactly one of A_i, B_i at every level i).
+    ASK(v) of a written value v (uniform over the 2r rungs) is scored: target ALIVE if the rung
+    is alive, i.e. A_i: i <= min(r, depths of the events so far); B_j: j > max(0, those
+    depths); else DEAD. Layout: two_walks_layout(r, num_values).
+
+    One walk cannot serve both families (A needs the running minimum of the depths, B the
+    running maximum); two heads whose walks move in opposite directions can.
+    """
+    num_values = 2 * rungs if num_values is None else num_values
+    _check_sizes("two_walks", num_sequences=num_sequences, rungs=rungs, num_values=num_values,
+                 num_events=num_events, num_queries=num_queries)
+    if num_values < 2 * rungs:
+        raise ValueError(f"two_walks: num_values must be >= 2 * rungs ({2 * rungs}), "
+                         f"got {num_values}")
+    layout = two_walks_layout(rungs, num_values)
+    rng = np.random.default_rng(seed)
+    rows = []
+    for _ in range(num_sequences):
+        values = rng.choice(num_values, size=2 * rungs, replace=False)
+        a_values, b_values = values[:rungs], values[rungs:]
+        tokens = [t for i in range(rungs)
+                  for t in (layout["a"] + int(a_values[i]), layout["b"] + int(b_values[i]))]
+        targets, mask = [PAD] * len(tokens), [False] * len(tokens)
+        events = np.array([True] * num_events + [False] * num_queries)
+        rng.shuffle(events)
+        lowest, highest = rungs, 0   # running min / max of the event depths
+        for is_event in events:
+            if is_event:
+                depth = int(rng.integers(0, rungs + 1))
+                lowest, highest = min(lowest, depth), max(highest, depth)
+                tokens.append(layout["event"] + depth)
+                targets.append(PAD)
+                mask.append(False)
+            else:
+                rung = int(rng.integers(0, 2 * rungs))
+                if rung < rungs:    # family A, rung index rung + 1
+                    alive, value = rung + 1 <= lowest, a_values[rung]
+                else:               # family B, rung index rung - rungs + 1
+                    alive, value = rung - rungs + 1 > highest, b_values[rung - rungs]
+                tokens.append(layout["ask"] + int(value))
+                targets.append(layout["alive"] if alive else layout["dead"])
+                mask.append(True)
+        rows.append((tokens, targets, mask))
+    return _pack(rows, layout["vocab_size"])
+
+
+# ----------------------------------------------------------------------------------------------
 # Push-pop
 # ----------------------------------------------------------------------------------------------
 
@@ -336,11 +405,13 @@ def mqar(seed: int, num_sequences: int, num_pairs: int = 8, num_queries: int = 8
 class Task(NamedTuple):
     generate: Callable[..., ProbeData]
     threshold: float  # held-out accuracy a seed must exceed to count as a success
+    config: dict = {}  # ProbeConfig defaults `python -m train probe` uses (keys override)
 
 
 TASKS: dict[str, Task] = {
     "ladder": Task(ladder, 0.95),
     "variable_dips": Task(variable_dips, 0.95),
+    "two_walks": Task(two_walks, 0.95, {"num_heads": 2, "head_dim": 2}),
     "push_pop": Task(push_pop, 0.9),
     "flip_flop": Task(flip_flop, 0.99),
     "copy": Task(copy, 0.95),
@@ -351,8 +422,30 @@ TASKS: dict[str, Task] = {
 
 
 def task_sizes(name: str) -> dict[str, object]:
-    """The size keywords (and defaults) of task `name`'s generator."""
+    """The size keywords (and defaults) of task `name`'s generator (None: derived from the
+    other sizes, see `resolve_sizes`)."""
     if name not in TASKS:
         raise ValueError(f"task must be one of {sorted(TASKS)}, got {name!r}")
     params = inspect.signature(TASKS[name].generate).parameters
     return {key: p.default for key, p in params.items() if key not in ("seed", "num_sequences")}
+
+
+# Sizes whose default None is derived from the others (as each generator's docstring says).
+_DERIVED_SIZES: dict[str, Callable[[dict], dict]] = {
+    "ladder": lambda s: {"num_values": s["rungs"]},
+    "variable_dips": lambda s: {"num_values": s["rungs"]},
+    "two_walks": lambda s: {"num_values": 2 * s["rungs"]},
+}
+
+
+def resolve_sizes(name: str, sizes: dict | None = None) -> dict[str, object]:
+    """Every size of task `name`: the given ones, the defaults for the rest, and the values the
+    generator would derive for sizes left at None (so results record what actually ran)."""
+    defaults = task_sizes(name)
+    sizes = dict(sizes or {})
+    unknown = sorted(set(sizes) - set(defaults))
+    if unknown:
+        raise ValueError(f"{name}: unknown size(s) {unknown}; expected some of {sorted(defaults)}")
+    resolved = {**defaults, **sizes}
+    derived = _DERIVED_SIZES.get(name, lambda s: {})(resolved)
+    return {**resolved, **{k: v for k, v in derived.items() if resolved[k] is None}}

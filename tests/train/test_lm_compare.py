@@ -1,0 +1,64 @@
+"""The language-model comparison's summaries, table and argument checks (no training here: the
+committed results/lm_compare_cpu run is the end-to-end check)."""
+
+import numpy as np
+import pytest
+
+from tests.seeds import case_seed
+from train.config import load_config
+from train.lm_compare import MODELS, markdown_table, parse_arguments, plot, span_losses
+
+
+def test_span_losses_are_token_weighted_means_of_their_buckets():
+    rng = np.random.default_rng(case_seed(1))
+    loss, tokens = rng.uniform(2, 4, size=16), rng.integers(1, 50, size=16)
+    loss_list = loss.tolist()
+    loss_list[13] = None                          # an empty bucket is left out
+    position = {"seq_len": 64, "position_bucket_start": list(range(0, 64, 4)),
+                "position_loss": loss_list, "position_tokens": tokens.tolist()}
+    spans = span_losses(position, 16)             # 4 spans of 4 buckets
+    for k in range(4):
+        keep = [i for i in range(4 * k, 4 * k + 4) if loss_list[i] is not None]
+        assert spans[k] == pytest.approx(np.average(loss[keep], weights=tokens[keep]))
+
+
+def fake_row(model, loss):
+    position = {"seq_len": 64, "position_bucket_start": [0, 16, 32, 48],
+                "position_loss": [loss, loss + 0.1, None, loss + 0.2],
+                "position_tokens": [10, 10, 0, 10]}
+    return {"model": model, "params": 37000, "tokens": 61440, "train_seq_len": 16,
+            "heldout_loss": loss, "span_loss": span_losses(position, 16),
+            "passkey": [None, 0.5, 0.25, 0.0], "train_seconds": 12.0,
+            "long_eval": {"passkey": {"samples": 4, "depths": [0.0, 1.0]},
+                          "position_loss": position}}
+
+
+def test_table_has_a_row_per_model_and_every_column(tmp_path):
+    rows = [fake_row("fpa", 3.2), fake_row("gdn", 3.5)]
+    table = markdown_table(rows, "cpu").splitlines()
+    body = [line for line in table if line.startswith("| ")]
+    assert len(body) == 3 and "passkey 8L" in body[0] and "loss 3-4L" in body[0]
+    assert body[1].split(" | ")[:4] == ["| fpa", "0.037M", "0.06M", "3.2000"]
+    assert "| - | 0.50 | 0.25 | 0.00 |" in body[1]        # 1L did not fit
+    assert "2 depths x 4 samples" in table[0]
+    plot(rows, tmp_path / "lm_compare.png")
+    assert (tmp_path / "lm_compare.png").stat().st_size > 1000
+
+
+@pytest.mark.parametrize("size", ["cpu", "h200"])
+def test_every_model_has_a_preset_with_the_same_data_and_budget(size):
+    configs = {m: load_config(f"lmc_{size}_{m}", []) for m in MODELS}
+    budgets = {(c.data.source, c.data.seq_len, c.data.batch_size, c.train.steps, c.optim.lr)
+               for c in configs.values()}
+    assert len(budgets) == 1
+    hybrid = configs["hybrid"]
+    assert hybrid.layer_kinds().count("gdn") >= 1
+    assert hybrid.attention.kind == "fpa" and "attention" in hybrid.layer_kinds()
+    assert {c.attention.kind for m, c in configs.items() if m != "gdn"} == {"fpa", "fox", "softmax"}
+
+
+def test_bad_arguments_exit_2(capsys):
+    with pytest.raises(SystemExit) as info:
+        parse_arguments(["--size", "cpu", "--models", "fpa,nope"])
+    assert info.value.code == 2 and "--models" in capsys.readouterr().err
+    assert parse_arguments(["--size", "h200"]).samples == 20
