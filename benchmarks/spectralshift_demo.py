@@ -1,0 +1,256 @@
+"""SpectralShift demonstration: pretrain short, extend 4x five ways, measure what changed.
+
+    python benchmarks/spectralshift_demo.py --size cpu  [--out results/spectralshift_cpu]
+    python benchmarks/spectralshift_demo.py --size h200 --models gdn [--out DIR]   (then hybrid)
+
+For each model (a GDN, and a GDN + softmax-attention hybrid whose attention takes ABF when
+extending) the script pretrains at L_short, then continues at L_target = 4 L_short from that
+checkpoint, same tokens (same data seed, steps and tokens per step) for every variant:
+
+    plain       cpt.reparameterize=false cpt.scale_lr=false       continued pretraining only
+    ss_k0.5     SpectralShift, s = (1/4) ** 0.5 = 0.5             (the method)
+    reparam     W_alpha <- mu + s (W_alpha - mu) only              (k = 0.5)
+    lr_scale    alpha learning rate x s only                       (k = 0.5)
+    ss_k1       SpectralShift with k = 1, s = 0.25
+
+and reports per variant (the reference as "before"): M_slow, H_slow and mean E_write of the
+needle key at distances ell = L - 1 - p from L_short / 8 up to the target, L_target - 1 - p
+(train/spectra.py; the needle's last token at p = L_short / 2; the same inputs for every run), held-out loss at L_short (general ability) and at L_target, and needle retrieval at
+L_target from train.long_eval.evaluate_long when that module exists (else "n/a"). Writes
+results.json, table.md, slow_band_<model>.png (every variant) and spectra_<model>/
+(reference vs ss_k0.5: train/spectra.py's report) under --out; a later command with other
+--models adds its rows to the same table. The runs go to --runs (re-running resumes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+
+SIZES = {
+    # CPU, a few minutes on 2 cores: byte-level stdlib text, 64 -> 256
+    "cpu": dict(short=64, batch=8, pretrain_steps=300, cpt_steps=60, d_model=64, layers=2,
+                heads=4, head_dim=16, lr=3e-3, cpt_lr=1e-3, eval_batches=8, samples=4,
+                retrieval_samples=8),
+    # the machinery only (tests): a few steps
+    "smoke": dict(short=48, batch=8, pretrain_steps=4, cpt_steps=2, d_model=32, layers=2,
+                  heads=2, head_dim=16, lr=3e-3, cpt_lr=1e-3, eval_batches=1, samples=1,
+                  retrieval_samples=2),
+    # one H200: 1024 -> 4096, width 256, 4 layers; meant as one command per model (--models
+    # gdn, then --models hybrid), each estimated (not measured) at under 10 minutes
+    "h200": dict(short=1024, batch=32, pretrain_steps=1200, cpt_steps=300, d_model=256,
+                 layers=4, heads=4, head_dim=64, lr=2e-3, cpt_lr=6e-4, eval_batches=16,
+                 samples=8, retrieval_samples=32),
+}
+MODELS = {"gdn": "G", "hybrid": "GA"}
+VARIANTS = {
+    "plain": ["cpt.reparameterize=false", "cpt.scale_lr=false"],
+    "ss_k0.5": [],
+    "reparam": ["cpt.scale_lr=false"],
+    "lr_scale": ["cpt.reparameterize=false"],
+    "ss_k1": ["cpt.k=1.0"],
+}
+VARIANT_S = {"plain": 1.0, "ss_k0.5": 0.5, "reparam": 0.5, "lr_scale": 0.5, "ss_k1": 0.25}
+
+
+def model_overrides(size: dict, pattern: str) -> list[str]:
+    overrides = [f"model.pattern={pattern}", f"model.num_layers={size['layers']}",
+                 f"model.d_model={size['d_model']}", f"gdn.num_heads={size['heads']}",
+                 f"gdn.head_dim={size['head_dim']}", "data.source=stdlib", "data.tokenizer=byte",
+                 "train.log_every=20", "train.tensorboard=false",
+                 f"train.eval_batches={size['eval_batches']}"]
+    if "A" in pattern:
+        overrides += ["attention.kind=softmax", "attention.position=rope",
+                      f"attention.num_heads={size['heads']}",
+                      f"attention.head_dim={size['head_dim']}"]
+    return overrides
+
+
+def pretrain(size: dict, pattern: str, run_dir: Path):
+    from train.config import load_config
+    from train.fit import fit
+
+    config = load_config("tiny_gdn", model_overrides(size, pattern) + [
+        f"data.seq_len={size['short']}", f"data.batch_size={size['batch']}",
+        f"train.steps={size['pretrain_steps']}", f"optim.lr={size['lr']}",
+        f"optim.warmup_steps={min(30, size['pretrain_steps'] // 4)}", "train.eval_every=0",
+        "train.checkpoint_every=0"])
+    return fit(config, run_dir)
+
+
+def extension_config(size: dict, pattern: str, reference: Path, variant: str):
+    """The cpt config of one variant: 4x the context, a quarter of the batch (same tokens)."""
+    from train.config import load_config
+
+    return load_config("tiny_gdn", model_overrides(size, pattern) + [
+        f"data.seq_len={4 * size['short']}", f"data.batch_size={size['batch'] // 4}",
+        f"train.steps={size['cpt_steps']}", f"optim.lr={size['cpt_lr']}", "optim.schedule=constant",
+        "optim.warmup_steps=10", "optim.freeze_gdn_decay=true", "train.eval_every=0",
+        "train.checkpoint_every=0", f"cpt.reference={reference}",
+        f"cpt.positions={'abf' if 'A' in pattern else 'keep'}", *VARIANTS[variant]])
+
+
+def extend(size: dict, pattern: str, reference: Path, variant: str, run_dir: Path):
+    from train.cpt import continued_pretraining
+
+    return continued_pretraining(extension_config(size, pattern, reference, variant), run_dir)
+
+
+def retrieval(run_dir: Path, target: int, samples: int) -> dict | str:
+    """Mean accuracy over depths at the target length per task (None cells, where the task
+    does not fit the length, left out), from train.long_eval."""
+    try:
+        from train.long_eval import evaluate_long
+        from train.long_eval_tasks import TASKS
+    except ImportError:
+        return "n/a (train.long_eval not available)"
+    result = evaluate_long(run_dir, lengths=[target], depths=(0.1, 0.5, 0.9),
+                           num_samples=samples, seed=0, position_batches=1)
+    accuracy = {}
+    for task in TASKS:
+        cells = [row[0] for row in result[task]["accuracy"] if row[0] is not None]
+        if cells:
+            accuracy[task] = float(np.mean(cells))
+    return accuracy
+
+
+def measure(run_dir: Path, size: dict, tokens, position: int) -> dict:
+    from train.evaluate import evaluate_run
+    from train.spectra import spectra
+
+    target = 4 * size["short"]
+    lengths = [position + 1 + d for d in (size["short"] // 8, size["short"] // 4)] + [
+        size["short"], 2 * size["short"], target]
+    summary, first, tokens = spectra(run_dir, lengths=lengths, tokens=tokens,
+                                     needle_position=position, num_samples=size["samples"])
+    return {
+        "summary": summary, "first": first, "tokens": tokens,
+        "loss_short": evaluate_run(run_dir, seq_len=size["short"],
+                                   num_batches=size["eval_batches"])["loss"],
+        "loss_target": evaluate_run(run_dir, seq_len=target,
+                                    num_batches=max(1, size["eval_batches"] // 4))["loss"],
+        "retrieval": retrieval(run_dir, target, size["retrieval_samples"]),
+    }
+
+
+def _cell(value, fmt="{:.3f}") -> str:
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {v:.2f}" for k, v in value.items()) or "n/a"
+    return value if isinstance(value, str) else fmt.format(value)
+
+
+def write_table(records: dict, out: Path, seconds: float) -> str:
+    """table.md from the records (results.json): one row per model and variant."""
+    size, position = records["settings"], records["needle_position"]
+    short, target = size["short"], 4 * size["short"]
+    distances = next(iter(records["models"].values()))[0]["summary"]["distances"]
+    ells = "/".join(str(d) for d in distances)
+    header = ["model", "variant", "s", f"M_slow @ ell {ells}", f"H_slow @ ell {ells}",
+              f"E_write @ ell {ells}", f"loss@{short}", f"loss@{target}", f"retrieval@{target}"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for model, rows in records["models"].items():
+        for row in rows:
+            summary = row["summary"]
+            cells = [model, row["variant"], f"{row['s']:g}",
+                     " / ".join(f"{v:.1f}" for v in summary["m_slow"]),
+                     " / ".join(f"{v:.1f}" for v in summary["h_slow"])
+                     + f" of {summary['layer_heads']}",
+                     " / ".join(f"{v:.3f}" for v in summary["e_write_mean"]),
+                     _cell(row["loss_short"]), _cell(row["loss_target"]), _cell(row["retrieval"])]
+            lines.append("| " + " | ".join(cells) + " |")
+    text = "\n".join(lines)
+    (out / "table.md").write_text(
+        f"SpectralShift demo, size {records['size']}: pretrain at {short}, extend to {target} "
+        f"(`python benchmarks/spectralshift_demo.py --size {records['size']}`), {seconds:.0f} s.\n"
+        f"Slow-band widths and E_write at distances ell from the needle (its last token at "
+        f"{position}; ell = {distances[-1]} is the target length), means over "
+        f"{size['samples']} needle sequences; retrieval: train.long_eval, mean over depths.\n\n"
+        + text + "\n")
+    return text
+
+
+def plot_variants(rows: list[dict], model: str, path: Path) -> Path:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(12, 3.4), constrained_layout=True)
+    FigureCanvasAgg(figure)
+    axes = figure.subplots(1, 3)
+    for row in rows:
+        s = row["summary"]
+        for axis, key, title in zip(axes, ("m_slow", "h_slow", "e_write_mean"),
+                                    ("M_slow", "H_slow", "E_write (needle key)")):
+            axis.plot(s["distances"], s[key], marker="o", label=row["variant"])
+            axis.set_xscale("log", base=2)
+            axis.set_xlabel("distance (tokens)")
+            axis.set_title(f"{model}: {title}")
+    axes[0].legend(fontsize="x-small")
+    figure.savefig(path, format="png", dpi=100)
+    return path
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--size", choices=sorted(SIZES), default="cpu")
+    parser.add_argument("--out", help="tables and PNGs (default: results/spectralshift_<size>)")
+    parser.add_argument("--runs", help="run directories (default: runs/spectralshift_<size>)")
+    parser.add_argument("--models", nargs="+", choices=sorted(MODELS), default=sorted(MODELS))
+    parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
+    parser.add_argument("--needle-position", type=int, default=None,
+                        help="needle's last token (default: L_short / 2)")
+    args = parser.parse_args(argv)
+    size = SIZES[args.size]
+    out = Path(args.out or f"results/spectralshift_{args.size}")
+    runs = Path(args.runs or f"runs/spectralshift_{args.size}")
+    out.mkdir(parents=True, exist_ok=True)
+    position = args.needle_position or size["short"] // 2
+    started = time.time()
+    import jax
+
+    # every variant compiles the same programs: keep them on disk (and across re-runs)
+    jax.config.update("jax_compilation_cache_dir", str(runs / "jax_cache"))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+
+    from train.spectra import write_report
+
+    records = {"size": args.size, "settings": size, "needle_position": position, "models": {}}
+    earlier = out / "results.json"
+    if earlier.is_file():       # models measured by an earlier command (--models ...) stay
+        previous = json.loads(earlier.read_text())
+        if (previous["size"], previous["needle_position"]) == (args.size, position):
+            records["models"] = previous["models"]
+    for model in args.models:
+        pattern = MODELS[model]
+        reference = runs / model / "reference"
+        pretrain(size, pattern, reference)
+        before = measure(reference, size, None, position)
+        rows = [{"variant": "reference", "s": 1.0, **before}]
+        for name in args.variants:
+            extend(size, pattern, reference, name, runs / model / name)
+            after = measure(runs / model / name, size, before["tokens"], position)
+            rows.append({"variant": name, "s": VARIANT_S[name], **after})
+            print(f"[{time.time() - started:.0f}s] {model} {name} measured", flush=True)
+        plot_variants(rows, model, out / f"slow_band_{model}.png")
+        after = next((r for r in rows if r["variant"] == "ss_k0.5"), rows[-1])
+        write_report([before["summary"], after["summary"]], [before["first"], after["first"]],
+                     out / f"spectra_{model}")
+        records["models"][model] = [{k: v for k, v in row.items() if k not in ("first", "tokens")}
+                                    for row in rows]
+
+    (out / "results.json").write_text(json.dumps(records, indent=1, default=str) + "\n")
+    text = write_table(records, out, time.time() - started)
+    print(text)
+    print(f"written: {out}/table.md, results.json, slow_band_*.png, spectra_*/ "
+          f"({time.time() - started:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

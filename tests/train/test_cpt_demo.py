@@ -1,0 +1,55 @@
+"""The SpectralShift demonstration's machinery (benchmarks/spectralshift_demo.py), without
+training: every variant's cpt config (what it switches, the same tokens for all) and the table."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from gdn_jax.spectral_shift import spectralshift_scale
+
+DEMO = Path(__file__).resolve().parents[2] / "benchmarks" / "spectralshift_demo.py"
+
+
+@pytest.fixture(scope="module")
+def demo():
+    spec = importlib.util.spec_from_file_location("spectralshift_demo", DEMO)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_variants_switch_what_they_say_on_the_same_tokens(demo):
+    size = demo.SIZES["cpu"]
+    expected = {"plain": (False, False, 0.5), "ss_k0.5": (True, True, 0.5),
+                "reparam": (True, False, 0.5), "lr_scale": (False, True, 0.5),
+                "ss_k1": (True, True, 1.0)}
+    assert set(demo.VARIANTS) == set(expected)
+    data = set()
+    for pattern, positions in (("G", "keep"), ("GA", "abf")):
+        for name, switches in expected.items():
+            config = demo.extension_config(size, pattern, Path("ref"), name)
+            c = config.cpt
+            assert (c.reparameterize, c.scale_lr, c.k) == switches, name
+            assert c.positions == positions and config.optim.freeze_gdn_decay
+            assert spectralshift_scale(size["short"], config.data.seq_len, c.k) == pytest.approx(
+                demo.VARIANT_S[name] if name != "plain" else 0.5)
+            data.add((pattern, config.data.seq_len * config.data.batch_size, config.data.seed,
+                      config.train.steps, config.data.source))
+    assert len(data) == 2    # one token stream per model, shared by its five variants
+    assert {tokens for _, tokens, *_ in data} == {size["short"] * size["batch"]}
+
+
+def test_table_lists_every_model_and_variant(demo, tmp_path):
+    summary = {"distances": [7, 223], "m_slow": [3.0, 0.0], "h_slow": [1.0, 0.0],
+               "e_write_mean": [0.25, 0.0], "layer_heads": 8}
+    rows = [{"variant": v, "s": s, "summary": summary, "loss_short": 2.5, "loss_target": 2.7,
+             "retrieval": {"passkey": 0.5}} for v, s in [("reference", 1.0), ("ss_k0.5", 0.5)]]
+    records = {"size": "cpu", "settings": demo.SIZES["cpu"], "needle_position": 32,
+               "models": {"gdn": rows, "hybrid": rows}}
+    text = demo.write_table(records, tmp_path, 1.0)
+    lines = text.splitlines()
+    assert len(lines) == 2 + 4 and "M_slow @ ell 7/223" in lines[0]
+    assert lines[3].startswith("| gdn | ss_k0.5 | 0.5 | 3.0 / 0.0 | 1.0 / 0.0 of 8 | 0.250 / 0.000")
+    assert "passkey 0.50" in lines[3]
+    assert (tmp_path / "table.md").read_text().endswith(text + "\n")
