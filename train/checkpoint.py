@@ -5,9 +5,12 @@
                                    are stored as their uint32 key data and re-wrapped on restore
     <directory>/<step>/iterator/   data-iterator state, one JSON file per process (grain's
                                    handler; tuples kept by `encode_iterator_state`)
-    <directory>/<step>/record/     JSON: step, wall_time, versions, config, extra (the
-                                   caller's record, e.g. continued pretraining's), leaves
-                                   [{path, shape, dtype, fingerprint}], prng_keys {path: impl}
+    <directory>/<step>/record/     JSON: step, wall_time, versions, config (the resolved
+                                   run config), command_line (sys.argv), code ({"commit",
+                                   "dirty"} of the git checkout holding this code, or None
+                                   outside one), extra (the caller's record, e.g. continued
+                                   pretraining's), leaves [{path, shape, dtype,
+                                   fingerprint}], prng_keys {path: impl}
     <directory>/quarantine/        unreadable steps moved aside after a fallback restore
 
     fingerprint(x) = sum_i bits(x_i) * w_i  (mod 2^32),  bits = the element's raw bits as
@@ -40,6 +43,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 import importlib.metadata
 import json
 import logging
@@ -47,6 +51,8 @@ import os
 import platform
 import shutil
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Collection, Mapping, Sequence
@@ -135,6 +141,41 @@ def library_versions() -> dict[str, str]:
     return versions
 
 
+@functools.cache
+def code_revision() -> dict[str, Any] | None:
+    """{"commit": HEAD's sha, "dirty": tracked files changed} of the git checkout holding
+    this module; None outside a checkout (or without git)."""
+    here = str(Path(__file__).resolve().parent)
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", here, *args], capture_output=True, text=True,
+                              timeout=10, check=True).stdout.strip()
+
+    try:
+        commit = git("rev-parse", "HEAD")
+        dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return {"commit": commit, "dirty": dirty}
+
+
+def _flat_keys(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat = {}
+    for key, value in tree.items():
+        if isinstance(value, Mapping):
+            flat.update(_flat_keys(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def config_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+    """"key: old -> new" for every dotted key whose value differs (JSON-level)."""
+    before, after = _flat_keys(_json_safe(old, "config")), _flat_keys(_json_safe(new, "config"))
+    return [f"{key}: {before.get(key, '(unset)')!r} -> {after.get(key, '(unset)')!r}"
+            for key in sorted(set(before) | set(after)) if before.get(key) != after.get(key)]
+
+
 # ----------------------------------------------------------------------------- run files
 
 
@@ -158,7 +199,9 @@ def save_run_files(
     elif config_path.read_text() != text:
         stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
         config_path.with_name(f"config.{stamp}.json").write_text(text)
-        log.warning("config differs from %s; kept it and wrote config.%s.json", config_path, stamp)
+        changes = config_changes(json.loads(config_path.read_text()), config)
+        log.warning("config differs from %s in %s; kept it and wrote config.%s.json",
+                    config_path, "; ".join(changes), stamp)
     if tokenizer is None:
         return
     tokenizer_dir = run / TOKENIZER_DIRNAME
@@ -500,6 +543,8 @@ class Checkpointer:
             "wall_time": time.time(),
             "versions": library_versions(),
             "config": _json_safe(config or {}, "config"),
+            "command_line": list(sys.argv),
+            "code": code_revision(),
             "extra": _json_safe(extra or {}, "extra"),
             "process_count": jax.process_count(),
             "has_iterator_state": data_iterator is not None,

@@ -2,10 +2,14 @@
 
     fit CONFIG [key=value ...]      train (resumes if the run directory has checkpoints)
     cpt CONFIG [key=value ...]      SpectralShift continued pretraining from cpt.reference
+    stages CURRICULUM [key=value]   staged extension: a chain of cpt runs (train/stages.py)
+    spectra RUN [--compare RUN2]    GDN decay spectra / slow band on needle inputs (train/spectra.py)
     eval RUN_DIR                    held-out loss (and per-position loss) of a run's checkpoint
+                                    (--suite long: passkey / needle retrieval, train/long_eval.py)
     prepare --source S --out DIR    tokenizer (byte or trained BPE) + ArrayRecord shards
     plot RUN_DIR                    loss.png and position_loss.png
     bench CONFIG [key=value ...]    tokens/s and peak memory of the train step
+    config CONFIG [key=value ...]   the resolved config (YAML) and its differences from the preset
     main [key=value ...]            the tiny FPA preset end to end, with a summary table
 
 Run directory of fit/cpt/main: --run-dir, else train.run_dir, else runs/<config>[-<hash of the
@@ -39,9 +43,6 @@ EXIT_USAGE = 2
 EXIT_DIVERGED = 3
 EXIT_PREEMPTED = 75
 MAIN_PRESET = "tiny_fpa"
-NOT_IMPLEMENTED = {
-    "generate": "sampling text from a checkpoint",
-}
 
 
 class UserError(Exception):
@@ -72,7 +73,18 @@ def _run_dir(args, config_source: str | None, config: Config) -> Path:
     steps = checkpoint_steps(run_dir)
     print(f"resuming {run_dir} from step {steps[-1]}" if steps else f"new run in {run_dir}",
           flush=True)
+    print(_differences_line(config_source, config), flush=True)
     return run_dir
+
+
+def _differences_line(config_source: str | None, config: Config) -> str:
+    from train.runs import config_differences
+
+    differences = config_differences(load_config(config_source, []), config)
+    where = f"preset {config_source}" if config_source else "the defaults"
+    if not differences:
+        return f"config: {where}, unchanged"
+    return f"config: {where} with " + ", ".join(f"{k}={v!r}" for k, v in differences.items())
 
 
 def _fit_exit_code(result) -> int:
@@ -147,6 +159,9 @@ def command_main(args) -> int:
 
 def command_eval(args) -> int:
     _start_jax()
+    if args.suite == "long":
+        from train.long_eval_cli import run_long_suite
+        return run_long_suite(args)
     from train.evaluate import evaluate_run
     from train.metrics import format_table
 
@@ -206,7 +221,9 @@ def command_bench(args) -> int:
     from train.bench import benchmark
     from train.metrics import format_rate, format_table
 
-    result = benchmark(config, steps=args.steps, warmup=args.warmup)
+    if args.profile and Path(args.profile).exists() and not Path(args.profile).is_dir():
+        raise UserError(f"--profile: {args.profile} is a file, expected a directory")
+    result = benchmark(config, steps=args.steps, warmup=args.warmup, profile_dir=args.profile)
     out = Path(args.out) if args.out else DEFAULT_RUNS_DIR / (
         f"bench-{config.name}-len{config.data.seq_len}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -219,22 +236,35 @@ def command_bench(args) -> int:
         ("steps timed", str(result["steps"])),
         ("ms / step", f"{1e3 * result['seconds_per_step']:.1f}"),
         ("tokens/s", format_rate(result["tokens_per_second"])),
+        ("model FLOPs / token", f"{result['model_flops_per_token'] / 1e6:,.2f} M (6 x params "
+                                f"+ attention + recurrence; train/bench.py)"),
+        ("achieved", f"{result['achieved_tflops_per_device']:.2f} TFLOP/s per device"),
+        ("bf16 matmul ceiling", f"{result['matmul_ceiling_tflops']:.2f} TFLOP/s "
+                                f"({result['matmul_ceiling_size']}^3, measured now)"),
+        ("MFU", f"{100 * result['mfu']:.1f}%"),
         ("peak memory", f"{result['peak_memory_bytes'] / 2**30:.3f} GiB ({result['memory_source']})"),
         ("compile", f"{result['compile_seconds']:.1f} s"),
+        *([("profile", f"{result['profile_dir']} (TensorBoard profile plugin or Perfetto)")]
+          if result["profile_dir"] else []),
+        *[("  top op" if i == 0 else "", f"{100 * share:4.1f}%  {name[:60]}")
+          for i, (name, share) in enumerate(result["top_ops"])],
         ("written", str(out)),
     ]))
+    return 0
+
+
+def command_config(args) -> int:
+    import yaml
+
+    config = load_config(args.config, args.overrides)
+    print(yaml.safe_dump(config.to_dict(), sort_keys=False, default_flow_style=False), end="")
+    print("# " + _differences_line(args.config, config))
     return 0
 
 
 def command_probe(args) -> int:
     from train.probes.cli import main as probe_main
     return probe_main(args.rest)
-
-
-def command_not_implemented(args) -> int:
-    print(f"error: `{args.command}` ({NOT_IMPLEMENTED[args.command]}) is not implemented yet",
-          file=sys.stderr)
-    return 2
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -272,7 +302,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="eval batches (default: train.eval_batches)")
     sub.add_argument("--step", type=int, help="checkpoint step (default: the newest readable; "
                                               "an unreadable requested step is an error)")
-    sub.add_argument("--out", help="JSON output (default: RUN_DIR/eval-step<N>-len<L>.json)")
+    sub.add_argument("--out", help="JSON output (default: RUN_DIR/eval-step<N>-len<L>.json); "
+                                   "--suite long: a directory (default RUN_DIR/long-eval-step<N>)")
+    from train.long_eval_cli import add_long_arguments
+
+    add_long_arguments(sub)
     sub.set_defaults(handler=command_eval)
 
     sub = commands.add_parser("prepare", help="tokenizer + pre-tokenised ArrayRecord shards",
@@ -291,7 +325,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--out", help="output directory (default: the run directory)")
     sub.set_defaults(handler=command_plot)
 
-    sub = with_config("bench", "tokens/s and peak memory of the train step", command_bench)
+    sub = with_config("bench", "tokens/s, peak memory and MFU of the train step", command_bench)
     sub.add_argument("--context", type=_positive_int,
                      help="sequence length (overrides data.seq_len)")
     sub.add_argument("--batch-size", type=_positive_int,
@@ -299,6 +333,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--steps", type=_positive_int, default=10, help="timed steps")
     sub.add_argument("--warmup", type=int, default=2, help="untimed steps after compiling")
     sub.add_argument("--out", help="JSON output (default: runs/bench-<config>-len<T>.json)")
+    sub.add_argument("--profile", metavar="DIR",
+                     help="also write a jax.profiler trace of 3 more steps to DIR")
 
     sub = commands.add_parser("main", help=f"train the {MAIN_PRESET} preset on CPU and print a "
                                            "summary (what ./dev.sh main runs)",
@@ -308,18 +344,22 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--new", action="store_true", help="start another run instead of resuming")
     sub.set_defaults(handler=command_main)
 
+    with_config("config", "print the resolved config (preset + overrides) as YAML",
+                command_config)
+
     from train.export_cli import add_export_command
+    from train.generate_cli import add_generate_command
+    from train.spectra_cli import add_spectra_command
+    from train.stages import add_stages_command
 
     add_export_command(commands)
+    add_generate_command(commands)
+    add_stages_command(commands)
+    add_spectra_command(commands)
     sub = commands.add_parser("probe", help="synthetic-task probes over many seeds "
                               "(`probe list` shows tasks and methods)")
     sub.add_argument("rest", nargs=argparse.REMAINDER, metavar="TASK [key=value ...]")
     sub.set_defaults(handler=command_probe)
-    for name, what in NOT_IMPLEMENTED.items():
-        sub = commands.add_parser(name, help=f"{what} (not implemented yet)",
-                                  description=f"{what} (not implemented yet)")
-        sub.add_argument("rest", nargs=argparse.REMAINDER)
-        sub.set_defaults(handler=command_not_implemented)
     return parser
 
 
@@ -328,6 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     from train.checkpoint import NoReadableCheckpointError, UnreadableCheckpointError
+    from train.memory import DeviceMemoryError
     from train.runs import RunLockedError
 
     try:
@@ -339,12 +380,14 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except Exception as error:
         from train.fit import DivergenceError, RunSetupError
+        from train.session import RangeCheckError
 
         from yaml import YAMLError
 
         user_errors = (UserError, ConfigError, YAMLError, FileNotFoundError, NotADirectoryError,
                        PermissionError, UnreadableCheckpointError, NoReadableCheckpointError,
-                       RunLockedError, DivergenceError, RunSetupError)
+                       RunLockedError, DivergenceError, RunSetupError, DeviceMemoryError,
+                       RangeCheckError)
         if args.verbose or not isinstance(error, user_errors):
             raise
         what = "malformed YAML: " if isinstance(error, YAMLError) else ""

@@ -41,6 +41,7 @@ POSITIONS_BY_KIND = {
     "selective": ("rope", "nope"),
 }
 MIXER_LETTERS = {"A": "attention", "G": "gdn"}
+CPT_POSITIONS = ("keep", "abf", "yarn", "drope")   # train/cpt.py extended_attention
 DTYPES = ("float32", "bfloat16")
 BASE_KEY = "base"
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
@@ -64,6 +65,11 @@ class ModelConfig:
     dtype: str = "float32"         # compute dtype
     param_dtype: str = "float32"
     remat: bool = False            # rematerialise each block in the backward pass
+    moe_experts: int = 0           # 0: dense SwiGLU FFN; > 0: every FFN is a MoE (train/moe.py)
+    moe_top_k: int = 2             # experts per token
+    moe_expert_dim: int = 0        # hidden width of each expert; 0: mlp_dim
+    moe_capacity_factor: float = 0.0  # 0: dropless; c > 0: ceil(c N k / E) slots per expert
+    moe_aux_loss_coef: float = 0.01   # load-balancing loss weight (sown per token, train/moe.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,6 +79,8 @@ class AttentionConfig:
     head_dim: int = 16
     position: str = "nope"         # rope|nope|alibi (softmax), rope|nope (selective)
     rope_base: float = 10000.0
+    yarn_factor: float = 0.0       # 0: off; else YaRN RoPE scaling by this factor (softmax, rope)
+    yarn_original_length: int = 0  # YaRN's original context (the length trained without it)
     implementation: str | None = None
     no_bias_layers: tuple[int, ...] = ()   # FPA layers (0-based model layer index) without bias
     # FPA variants (docs/fpa.md, "Special cases")
@@ -103,6 +111,9 @@ class DataConfig:
     heldout_fraction: float = 0.02
     seed: int = 0
     max_documents: int = 0         # 0: every document of the source
+    shuffle: str = "global"        # train rows: "global" (grain's per-epoch shuffle of every
+                                   # packed row) | "window" (shuffle_window rows at a time)
+    shuffle_window: int = 64       # rows per window of the "window" shuffle
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,6 +153,9 @@ class TrainConfig:
     run_dir: str = ""              # "": runs/<preset>[-<hash of the overrides>] (train/runs.py)
     tensorboard: bool = True
     on_nonfinite: str = "stop"     # non-finite loss/grad norm: "stop" the run, or "skip" the step
+    grad_accum: int = 1            # micro-batches per step: data.batch_size / grad_accum rows
+                                   # each, gradients summed (same loss and update as one batch)
+    check_ranges: bool = False     # op argument ranges checked inside jit (checkify; slower)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,6 +167,9 @@ class CPTConfig:
     mode: str = "matrix"           # matrix | row
     reparameterize: bool = True    # apply W_alpha <- mu + s (W_alpha - mu) once
     scale_lr: bool = True          # alpha projection learning rate x s
+    reference_step: int = 0        # 0: the reference run's final step (train.steps)
+    positions: str = "keep"        # attention RoPE when extending: keep | abf | yarn | drope
+    rope_base: float = 0.0         # abf: the new base (0: reference base * r ** (D / (D - 2)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -376,6 +393,8 @@ def validate(config: Config) -> None:
                        ("train.log_every", t.log_every), ("train.eval_batches", t.eval_batches),
                        ("train.position_buckets", t.position_buckets),
                        ("train.keep_checkpoints", t.keep_checkpoints),
+                       ("train.grad_accum", t.grad_accum),
+                       ("data.shuffle_window", d.shuffle_window),
                        ("mesh.fsdp", mesh.fsdp), ("mesh.tensor", mesh.tensor)]:
         _require(value >= 1, f"{key} must be >= 1, got {value}")
     for key, value in [("model.vocab_size", m.vocab_size), ("model.mlp_dim", m.mlp_dim),
@@ -401,6 +420,15 @@ def validate(config: Config) -> None:
              f"model.param_dtype must be one of {DTYPES}, got {m.param_dtype!r}")
     _require(m.init_std > 0, f"model.init_std must be > 0, got {m.init_std}")
     _require(m.norm_eps > 0, f"model.norm_eps must be > 0, got {m.norm_eps}")
+    if m.moe_experts:
+        _require(m.moe_experts >= 1 and 1 <= m.moe_top_k <= m.moe_experts,
+                 f"model.moe_top_k must lie in [1, model.moe_experts={m.moe_experts}], "
+                 f"got {m.moe_top_k}")
+        _require(m.moe_expert_dim >= 0 and m.moe_capacity_factor >= 0
+                 and m.moe_aux_loss_coef >= 0,
+                 f"model.moe_expert_dim, moe_capacity_factor and moe_aux_loss_coef must be >= 0, "
+                 f"got {m.moe_expert_dim}, {m.moe_capacity_factor}, {m.moe_aux_loss_coef}")
+    _require(m.moe_experts >= 0, f"model.moe_experts must be >= 0, got {m.moe_experts}")
 
     _require(a.kind in ATTENTION_KINDS,
              f"attention.kind must be one of {ATTENTION_KINDS}, got {a.kind!r}")
@@ -409,6 +437,13 @@ def validate(config: Config) -> None:
              f"attention.position={a.position!r} is not available for attention.kind="
              f"{a.kind!r} (allowed: {allowed})")
     _require(a.tau > 0, f"attention.tau must be > 0, got {a.tau}")
+    if a.yarn_factor:
+        _require(a.kind == "softmax" and a.position == "rope",
+                 f"attention.yarn_factor needs attention.kind='softmax' with position='rope', "
+                 f"got kind={a.kind!r}, position={a.position!r}")
+        _require(a.yarn_factor >= 1 and a.yarn_original_length >= 1,
+                 f"attention.yarn_factor must be 0 (off) or >= 1 with attention."
+                 f"yarn_original_length >= 1, got {a.yarn_factor} and {a.yarn_original_length}")
     kinds = config.layer_kinds()
     fpa_variant_changed = (a.stack_form, a.key_level, a.query_level, a.content, a.dip_sum,
                            a.tau) != (False, True, False, True, False, 1.0)
@@ -434,6 +469,11 @@ def validate(config: Config) -> None:
                  f"(model.pattern={m.pattern!r} has none)")
 
     _require(d.source != "", "data.source must not be empty")
+    _require(d.shuffle in ("global", "window"),
+             f"data.shuffle must be 'global' or 'window', got {d.shuffle!r}")
+    _require(d.batch_size % t.grad_accum == 0,
+             f"data.batch_size={d.batch_size} must be divisible by train.grad_accum="
+             f"{t.grad_accum} (each micro-batch holds batch_size / grad_accum rows)")
     _require(0.0 < d.heldout_fraction < 1.0,
              f"data.heldout_fraction must be in (0, 1), got {d.heldout_fraction}")
 
@@ -452,6 +492,11 @@ def validate(config: Config) -> None:
 
     _require(c.k > 0, f"cpt.k must be > 0, got {c.k}")
     _require(c.mode in ("matrix", "row"), f"cpt.mode must be matrix or row, got {c.mode!r}")
+    _require(c.positions in CPT_POSITIONS,
+             f"cpt.positions must be one of {CPT_POSITIONS}, got {c.positions!r}")
+    _require(c.reference_step >= 0 and c.rope_base >= 0,
+             f"cpt.reference_step and cpt.rope_base must be >= 0, got {c.reference_step} and "
+             f"{c.rope_base}")
     validate_implementations(config)
 
 
@@ -487,4 +532,8 @@ def validate_for_devices(config: Config, device_count: int) -> tuple[int, int, i
     _require(config.data.batch_size % batch_shards == 0,
              f"data.batch_size={config.data.batch_size} must be divisible by "
              f"mesh.data * mesh.fsdp = {batch_shards}")
+    micro_batch = config.data.batch_size // config.train.grad_accum
+    _require(micro_batch % batch_shards == 0,
+             f"the micro-batch data.batch_size / train.grad_accum = {micro_batch} must be "
+             f"divisible by mesh.data * mesh.fsdp = {batch_shards}")
     return data, mesh.fsdp, mesh.tensor

@@ -12,7 +12,16 @@
     rows        r_k = stream[k (L+1) : (k+1) (L+1)]                        L = seq_len
     segment_ids s_k[j] = number of document pieces of r_k starting at or before j
                 (1 for the row's first, possibly continued, document, 2 for the next, ...)
-    shuffle     a seeded window shuffle over rows (window `shuffle_window`)
+    shuffle     shuffle_mode "window": a seeded shuffle within windows of `shuffle_window`
+                consecutive rows (neighbouring rows, often pieces of one long document, land
+                in nearby batches);
+                shuffle_mode "global": the process's documents packed once, in one seeded
+                order, into R = floor(sum_d (n_d + 1) / (L+1)) rows that are read by index
+                (`PackedRows`, a random-access source), and grain's index shuffle permutes
+                all R rows, with a new permutation every epoch (seed + epoch); the tail of
+                fewer than L+1 tokens is left out. The lengths n_d come from a tokenising
+                pass at start, or from the manifest of ArrayRecord shards. The iterator state is the position in
+                the permuted index sequence, so resuming is exact and free.
     batch       {"tokens": int32 [B, L+1], "segment_ids": int32 [B, L+1]}, B = batch_size
                 per process; the last incomplete row/batch of a finite stream is dropped.
 
@@ -35,7 +44,7 @@ packages excluded: real text on every machine; the set depends on the Python ver
 directory (all non-hidden files, recursively), a glob or single file, or
 "arrayrecord:<glob or directory>" of shards written by `write_arrayrecord_shards` (one
 record per document: int32 little-endian token ids without EOS; `manifest.json` beside the
-shards holds the document keys and the tokenizer fingerprint). Files are read as UTF-8 with
+shards holds the document keys, their token counts and the tokenizer fingerprint). Files are read as UTF-8 with
 undecodable bytes replaced by U+FFFD; empty files are skipped.
 """
 
@@ -51,6 +60,7 @@ import json
 import logging
 import os
 import sysconfig
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +106,7 @@ class ArrayRecordCorpus:
     shard_paths: tuple[str, ...]
     keys: tuple[str, ...]
     tokenizer_fingerprint: str | None  # from manifest.json; None for foreign shards
+    lengths: tuple[int, ...] | None = None  # tokens per document (manifest), None: unknown
 
 
 Corpus = TextCorpus | ArrayRecordCorpus
@@ -144,6 +155,7 @@ def _arrayrecord_corpus(spec: str) -> ArrayRecordCorpus:
     if not shards:
         raise ValueError(f"source: no ArrayRecord shards match {pattern!r}")
     keys: list[str] = []
+    lengths: list[int] | None = []
     fingerprints = set()
     manifests: dict[Path, dict | None] = {}
     for shard in shards:
@@ -163,6 +175,7 @@ def _arrayrecord_corpus(spec: str) -> ArrayRecordCorpus:
                         MANIFEST_FILENAME, shard)
             fingerprints.add(None)
             keys.extend(f"{name}:{i}" for i in range(num_records))
+            lengths = None
             continue
         entry = {s["file"]: s for s in manifest["shards"]}.get(name)
         if entry is None or len(entry["keys"]) != num_records:
@@ -172,9 +185,14 @@ def _arrayrecord_corpus(spec: str) -> ArrayRecordCorpus:
             )
         fingerprints.add(manifest["tokenizer"]["fingerprint"])
         keys.extend(entry["keys"])
+        if lengths is not None and len(entry.get("lengths", ())) == num_records:
+            lengths.extend(entry["lengths"])
+        else:   # shards written before the manifest kept lengths
+            lengths = None
     if len(fingerprints) != 1:
         raise ValueError(f"source: shards of {spec!r} come from different tokenizers")
-    return ArrayRecordCorpus(tuple(shards), tuple(keys), fingerprints.pop())
+    return ArrayRecordCorpus(tuple(shards), tuple(keys), fingerprints.pop(),
+                             tuple(lengths) if lengths is not None else None)
 
 
 def resolve_source(source: str, *, max_documents: int | None = None) -> Corpus:
@@ -200,7 +218,9 @@ def resolve_source(source: str, *, max_documents: int | None = None) -> Corpus:
             corpus = dataclasses.replace(
                 corpus, relative_paths=corpus.relative_paths[:max_documents])
         else:
-            corpus = dataclasses.replace(corpus, keys=corpus.keys[:max_documents])
+            corpus = dataclasses.replace(
+                corpus, keys=corpus.keys[:max_documents],
+                lengths=corpus.lengths[:max_documents] if corpus.lengths else None)
     return corpus
 
 
@@ -272,12 +292,79 @@ class _DocumentTokens:
             else None
         )
 
+    def length(self, index: int) -> int:
+        """n_d + 1 (the EOS included): from the manifest where it has the lengths, else by
+        reading the document."""
+        if self._records is None:
+            return len(self._tokenizer.encode_array(self._corpus.read_text(index))) + 1
+        if self._corpus.lengths is not None:
+            return self._corpus.lengths[index] + 1
+        return len(self._records[index]) // 4 + 1
+
     def __call__(self, index: int) -> dict[str, np.ndarray]:
         if self._records is None:
             ids = self._tokenizer.encode_array(self._corpus.read_text(index))
         else:
             ids = np.frombuffer(self._records[index], dtype="<i4").astype(np.int32)
         return {"tokens": np.concatenate([ids, self._eos])}
+
+
+class PackedRows:
+    """Random access to the rows of a packed document stream (shuffle_mode "global").
+
+    Documents `order[0], order[1], ...` concatenated (each followed by EOS) and cut into rows
+    of L+1 tokens; row k = stream[k (L+1) : (k+1) (L+1)], segment ids numbering its document
+    pieces from 1. Only the lengths are kept (one tokenising pass at construction); a row
+    reads the documents it overlaps, the last few of them cached.
+    """
+
+    _CACHED_DOCUMENTS = 16
+
+    def __init__(self, documents: _DocumentTokens, order: list[int], seq_len: int):
+        self._documents = documents
+        self._order = np.asarray(order, np.int64)
+        self._row_length = seq_len + 1
+        lengths = [documents.length(int(i)) for i in self._order]
+        self._starts = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
+        self._rows = int(self._starts[-1] // self._row_length)
+        self._cache: dict[int, np.ndarray] = {}
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return self._rows
+
+    def __getstate__(self):   # pickled into grain workers without the cache and lock
+        return {key: value for key, value in self.__dict__.items()
+                if key not in ("_cache", "_lock")}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state, _cache={}, _lock=threading.Lock())
+
+    def _document(self, position: int) -> np.ndarray:
+        with self._lock:
+            tokens = self._cache.get(position)
+        if tokens is None:
+            tokens = self._documents(int(self._order[position]))["tokens"]
+            with self._lock:
+                if len(self._cache) >= self._CACHED_DOCUMENTS:
+                    self._cache.pop(next(iter(self._cache)))
+                self._cache[position] = tokens
+        return tokens
+
+    def __getitem__(self, row: int) -> dict[str, np.ndarray]:
+        row = int(row) % self._rows
+        begin, end = row * self._row_length, (row + 1) * self._row_length
+        position = int(np.searchsorted(self._starts, begin, side="right")) - 1
+        tokens, segments, cursor = [], [], begin
+        while cursor < end:
+            start = int(self._starts[position])
+            piece = self._document(position)[cursor - start:end - start]
+            tokens.append(piece)
+            segments.append(np.full(len(piece), len(segments) + 1, np.int32))
+            cursor += len(piece)
+            position += 1
+        return {"tokens": np.concatenate(tokens).astype(np.int32),
+                "segment_ids": np.concatenate(segments)}
 
 
 def _packed_row(row: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -373,6 +460,7 @@ def make_dataset(
     worker_count: int = 0,
     max_documents: int | None = None,
     shuffle: bool | None = None,
+    shuffle_mode: str = "window",
     shuffle_window: int = 64,
     read_threads: int = 4,
     prefetch_buffer_size: int = 2,
@@ -395,7 +483,9 @@ def make_dataset(
         them takes seconds, so create such an iterator once, not per evaluation.
     max_documents: use only the first max_documents sorted documents (fast tests/smoke runs).
     shuffle: shuffle documents and rows; default True for "train", False otherwise.
-    shuffle_window: rows per window of the row shuffle (1 disables it).
+    shuffle_mode: "window" (rows shuffled within windows of `shuffle_window`) or "global"
+        (every row of the epoch permuted by grain, reshuffled each epoch; module docstring).
+    shuffle_window: rows per window of the window shuffle (1 disables it).
     read_threads: threads reading and tokenising documents ahead in each process/worker.
     prefetch_buffer_size: batches prepared ahead by a background thread (0 disables).
 
@@ -410,6 +500,8 @@ def make_dataset(
     _check_int("prefetch_buffer_size", prefetch_buffer_size, 0)
     if num_epochs is not None:
         _check_int("num_epochs", num_epochs, 1)
+    if shuffle_mode not in ("window", "global"):
+        raise ValueError(f"shuffle_mode: expected 'window' or 'global', got {shuffle_mode!r}")
     if seed >= 2**31:
         raise ValueError(f"seed: expected an int in [0, 2**31), got {seed}")
     for name in ("eos_id", "vocab_size", "fingerprint", "encode_array"):
@@ -431,6 +523,13 @@ def make_dataset(
     if shuffle is None:
         shuffle = split == "train"
 
+    if shuffle_mode == "global":
+        batches = _globally_shuffled_rows(
+            _DocumentTokens(corpus, tokenizer), indices, seq_len=seq_len, seed=seed,
+            shuffle=shuffle, num_epochs=num_epochs, read_threads=read_threads,
+        ).batch(batch_size, drop_remainder=True)
+        return _prefetched(batches, worker_count, prefetch_buffer_size)
+
     documents = grain.MapDataset.source(indices)
     if shuffle:
         documents = documents.shuffle(seed=seed)
@@ -445,6 +544,29 @@ def make_dataset(
     if shuffle and shuffle_window > 1:
         rows = RowWindowShuffle(rows, window_size=shuffle_window, seed=seed + 1)
     batches = rows.batch(batch_size, drop_remainder=True)
+    return _prefetched(batches, worker_count, prefetch_buffer_size)
+
+
+def _globally_shuffled_rows(documents: _DocumentTokens, indices: list[int], *, seq_len: int,
+                            seed: int, shuffle: bool, num_epochs: int | None,
+                            read_threads: int) -> grain.IterDataset:
+    """PackedRows of the documents (in a seeded order), permuted anew each epoch by grain."""
+    order = (list(np.random.default_rng([seed, 0]).permutation(indices)) if shuffle
+             else list(indices))
+    source = PackedRows(documents, order, seq_len)
+    if not len(source):
+        raise ValueError(f"seq_len: the {len(indices)} documents of this split hold fewer than "
+                         f"seq_len + 1 = {seq_len + 1} tokens, not one row")
+    rows = grain.MapDataset.source(source)
+    if shuffle:
+        rows = rows.shuffle(seed=seed + 1)
+    rows = rows.repeat(num_epochs)
+    return rows.to_iter_dataset(
+        grain.ReadOptions(num_threads=read_threads, prefetch_buffer_size=max(4 * read_threads, 1)))
+
+
+def _prefetched(batches: grain.IterDataset, worker_count: int,
+                prefetch_buffer_size: int) -> grain.IterDataset:
     if worker_count > 0:
         _use_default_absl_flags()
         batches = batches.mp_prefetch(grain.MultiprocessingOptions(num_workers=worker_count))
@@ -514,11 +636,14 @@ def write_arrayrecord_shards(
         start, stop = shard * count // num_shards, (shard + 1) * count // num_shards
         name = f"tokens-{shard:05d}-of-{num_shards:05d}.arrayrecord"
         writer = ArrayRecordWriter(str(out / name), "group_size:1")
+        lengths = []
         for index in range(start, stop):
             ids = tokenizer.encode_array(corpus.read_text(index))
             writer.write(ids.astype("<i4").tobytes())
+            lengths.append(len(ids))
         writer.close()
-        shard_entries.append({"file": name, "keys": list(corpus.keys[start:stop])})
+        shard_entries.append({"file": name, "keys": list(corpus.keys[start:stop]),
+                              "lengths": lengths})
         paths.append(out / name)
     tokenizer.save(out / "tokenizer")
     manifest = {

@@ -14,6 +14,16 @@
                  and goes on. Saved states are therefore always finite.
     run dir      locked for one writer, removed again if the run fails before its first
                  metric or checkpoint (train/runs.py claimed_run_dir)
+    startup      before compiling: devices and mesh, parameter count, tokens per step, the
+                 run directory and the memory estimate (train/memory.py); a step that cannot
+                 fit device memory is refused (DeviceMemoryError), as is an XLA out-of-memory
+                 later; then "compiling..." around the first step, whose time stays out of
+                 the ETA and tokens/s
+    metrics      records up to a checkpoint's step are flushed before it is saved; a resumed
+                 run first drops the records after its checkpoint (they are replayed) and
+                 rebuilds the TensorBoard events (train/metrics.py)
+    data order   data.shuffle must match the run's config.json when resuming (the data
+                 iterator state of one mode cannot restore the other): RunSetupError
     setup        a ValueError before the first step (data, tokenizer, checkpoint record, the
                  hooks) is the user's inputs not fitting together: raised as RunSetupError
 
@@ -40,9 +50,11 @@ from jax.sharding import Mesh
 from train import checkpoint as ckpt
 from train.config import Config, ConfigError
 from train.evaluate import evaluate
-from train.metrics import MetricsWriter, ProgressBar
+from train.memory import (MemoryEstimate, check_fits, device_memory_bytes,
+                          estimate_train_memory, format_bytes, out_of_memory_error)
+from train.metrics import MetricsWriter, ProgressBar, format_duration
 from train.model import count_params
-from train.runs import checkpoint_dir, claimed_run_dir
+from train.runs import checkpoint_dir, checkpoint_steps, claimed_run_dir
 from train.session import (RETIRED_STATE_KEYS, Session, build_session, make_split_dataset,
                            to_global)
 from train.sharding import mesh_context
@@ -112,15 +124,20 @@ def _fit_locked(config: Config, run_dir: Path, hooks: FitHooks, mesh: Mesh | Non
     started = time.time()
     t = config.train
     with _setup_errors():
+        _check_data_order(config, run_dir)
         tokenizer = load_tokenizer(config.data.tokenizer)
         session = build_session(config, tokenizer.vocab_size, mesh)
         ckpt.save_run_files(run_dir, config=config.to_dict(), tokenizer=tokenizer)
         train_iterator = iter(make_split_dataset(config, tokenizer, "train"))
         eval_dataset = make_split_dataset(config, tokenizer, "eval")
+    mesh_shape = dict(session.mesh.shape)
+    memory = estimate_train_memory(config, session.abstract_state, tokenizer.vocab_size,
+                                   (mesh_shape["data"], mesh_shape["fsdp"], mesh_shape["tensor"]))
+    memory_limit = device_memory_bytes()
+    check_fits(config, memory, memory_limit)     # before anything is allocated or compiled
     checkpointer = ckpt.Checkpointer(
         checkpoint_dir(run_dir), max_to_keep=t.keep_checkpoints,
         save_interval_steps=t.checkpoint_every or (t.steps + 1))
-    writer = MetricsWriter(run_dir, tensorboard=t.tensorboard)
     bar = ProgressBar(t.steps)
 
     try:
@@ -133,15 +150,22 @@ def _fit_locked(config: Config, run_dir: Path, hooks: FitHooks, mesh: Mesh | Non
                 extra = (hooks.resume(restored) if hooks.resume
                          else dict(restored.record.get("extra", {})))
                 bar.message(f"resumed from step {start_step} ({checkpointer.directory})")
+                changes = ckpt.config_changes(restored.record.get("config", {}), config.to_dict())
+                if changes:
+                    bar.message("warning: the config differs from the checkpoint's in "
+                                + "; ".join(changes))
             else:
                 state, start_step = session.init_state(), 0
                 params, extra = hooks.initial(session) if hooks.initial else (None, {})
                 if params is not None:
                     state["params"] = jax.device_put(params, session.state_shardings["params"])
-    except BaseException:
-        writer.close()
+        _startup_report(config, session, run_dir, bar, memory, memory_limit)
+    except BaseException as error:
         checkpointer.close()
+        if isinstance(error, Exception):
+            _raise_out_of_memory(error, config)      # the state may not fit either
         raise
+    writer = MetricsWriter(run_dir, tensorboard=t.tensorboard, resume_step=start_step)
 
     step = start_step
     log = _StepLog(writer, bar, t.steps, config.data.batch_size * config.data.seq_len, start_step)
@@ -178,6 +202,7 @@ def _fit_locked(config: Config, run_dir: Path, hooks: FitHooks, mesh: Mesh | Non
 
     def save(force: bool) -> bool:
         check_finite()
+        log.flush(step)     # every record up to the checkpoint's step is on disk first
         return checkpointer.save(step, state=state, data_iterator=train_iterator,
                                  config=config.to_dict(), extra=extra, force=force)
 
@@ -191,7 +216,10 @@ def _fit_locked(config: Config, run_dir: Path, hooks: FitHooks, mesh: Mesh | Non
         with ckpt.install_preemption_handler() as stop, mesh_context(session.mesh):
             while step < t.steps:
                 batch = to_global(session, next(train_iterator))
-                state, metrics = session.train_step(state, batch)
+                if step == start_step:
+                    state, metrics = _first_step(session, state, batch, bar, log)
+                else:
+                    state, metrics = session.train_step(state, batch)
                 step += 1
                 log.add(metrics)
                 unchecked.append((step, metrics))
@@ -201,6 +229,8 @@ def _fit_locked(config: Config, run_dir: Path, hooks: FitHooks, mesh: Mesh | Non
                 eval_due = bool(t.eval_every) and step % t.eval_every == 0 and step < t.steps
                 if eval_due or checkpointer.should_save(step):
                     jax.block_until_ready(metrics)
+                    check_finite()
+                    log.flush(step)
                     with log.paused():
                         if eval_due:
                             last_eval = run_eval()
@@ -217,6 +247,9 @@ def _fit_locked(config: Config, run_dir: Path, hooks: FitHooks, mesh: Mesh | Non
                 eval_loss, eval_step = last_eval["loss"], step
             save(force=True)
             checkpointer.wait_until_finished()
+    except Exception as error:
+        _raise_out_of_memory(error, config)
+        raise
     finally:
         bar.close()
         writer.close()
@@ -229,6 +262,59 @@ def _fit_locked(config: Config, run_dir: Path, hooks: FitHooks, mesh: Mesh | Non
                      latest_checkpoint=checkpointer.latest_step(),
                      wall_seconds=time.time() - started, preempted=preempted, eval=last_eval,
                      skipped_steps=skipped_steps)
+
+
+def _raise_out_of_memory(error: Exception, config: Config) -> None:
+    """XLA's out-of-memory as a one-line DeviceMemoryError (train/memory.py)."""
+    memory_error = out_of_memory_error(error, config)
+    if memory_error is not None:
+        raise memory_error from error
+
+
+def _check_data_order(config: Config, run_dir: Path) -> None:
+    """A resumed run keeps the data.shuffle mode its checkpoints' iterator state was saved in
+    (config.json of runs before the option existed: "window")."""
+    config_path = run_dir / ckpt.CONFIG_FILENAME
+    if not config_path.is_file():
+        return
+    saved = ckpt.load_run_config(run_dir).get("data", {}).get("shuffle", "window")
+    if saved != config.data.shuffle and checkpoint_steps(run_dir):
+        raise RunSetupError(
+            f"data.shuffle={config.data.shuffle!r} differs from this run's data.shuffle="
+            f"{saved!r} ({config_path}): its data iterator state cannot be restored in the "
+            f"other mode; resume with data.shuffle={saved} --run-dir {run_dir}, or start "
+            f"another run (--new)")
+
+
+def _startup_report(config: Config, session: Session, run_dir: Path, bar: ProgressBar,
+                    estimate: MemoryEstimate, limit: int | None) -> None:
+    """Devices, mesh, size, tokens per step, run dir and the memory estimate (before the
+    train step compiles)."""
+    devices = jax.devices()
+    mesh = dict(session.mesh.shape)
+    d, t = config.data, config.train
+    params = count_params(session.abstract_state["params"])
+    micro = (f" in {t.grad_accum} micro-batches of {d.batch_size // t.grad_accum}"
+             if t.grad_accum > 1 else "")
+    bar.message(f"devices: {len(devices)} x {devices[0].device_kind} ({devices[0].platform}), "
+                f"{jax.process_count()} process(es); mesh data={mesh['data']} "
+                f"fsdp={mesh['fsdp']} tensor={mesh['tensor']}")
+    bar.message(f"model: {params / 1e6:.3f}M parameters; tokens/step: {d.batch_size} x "
+                f"{d.seq_len} = {d.batch_size * d.seq_len}{micro}")
+    bar.message(f"memory estimate: {estimate.describe()}"
+                + (f" of {format_bytes(limit)}" if limit else " (device memory not reported)"))
+    bar.message(f"run dir: {run_dir}")
+
+
+def _first_step(session: Session, state, batch, bar: ProgressBar, log: "_StepLog"):
+    """The first step of this process: compiles; its time stays out of the ETA and tokens/s."""
+    bar.message("compiling the train step...")
+    started = time.time()
+    with log.paused():
+        state, metrics = session.train_step(state, batch)
+        jax.block_until_ready(metrics)
+    bar.message(f"compiled; first step done in {format_duration(time.time() - started)}")
+    return state, metrics
 
 
 class _StepLog:

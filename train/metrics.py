@@ -5,13 +5,23 @@
     stderr                    "step 120/400 [=====>    ] loss 2.3512 | 41.2k tok/s | ETA 0:01:05"
 
 Only process 0 writes (multi-host runs log once).
+
+Crashes and resumes: a resumed run replays the steps after its checkpoint, so the writer
+opened with `resume_step=S` first rewrites metrics.jsonl keeping only the complete records
+with step <= S (a torn final line, from a crash mid-write, is dropped too; the trainer
+flushes every record up to S before it saves checkpoint S), then rebuilds the TensorBoard
+events from those records into one fresh event file: one event stream per run, without
+duplicated steps. `read_metrics` skips a torn final line (with a warning) and keeps the
+latest record per (kind, step).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -21,6 +31,7 @@ import jax
 
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
+log = logging.getLogger(__name__)
 
 
 def _is_writer() -> bool:
@@ -77,9 +88,14 @@ class ProgressBar:
 
 
 class MetricsWriter:
-    """Append records to metrics.jsonl and scalars to TensorBoard."""
+    """Append records to metrics.jsonl and scalars to TensorBoard.
 
-    def __init__(self, run_dir: str | os.PathLike, tensorboard: bool = True):
+    resume_step: None for a fresh run; S for a run resumed from checkpoint S (a fresh run
+    over a directory that holds records passes 0): records after S are dropped and the
+    TensorBoard events rebuilt from the rest (module doc)."""
+
+    def __init__(self, run_dir: str | os.PathLike, tensorboard: bool = True,
+                 resume_step: int | None = None):
         self.enabled = _is_writer()
         self.path = Path(run_dir) / METRICS_FILE
         self._file = None
@@ -87,11 +103,23 @@ class MetricsWriter:
         if not self.enabled:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        kept = truncate_metrics(run_dir, resume_step) if resume_step is not None else []
         self._file = open(self.path, "a")
         if tensorboard:
             from tensorboardX import SummaryWriter
 
-            self._tensorboard = SummaryWriter(str(Path(run_dir) / TENSORBOARD_DIR))
+            events = Path(run_dir) / TENSORBOARD_DIR
+            if resume_step is not None and events.exists():
+                shutil.rmtree(events)
+            self._tensorboard = SummaryWriter(str(events))
+            for record in kept:
+                self._add_scalars(record["kind"], record["step"], record)
+
+    def _add_scalars(self, kind: str, step: int, values: dict[str, Any]) -> None:
+        for name, value in values.items():
+            if name not in ("kind", "step", "time") and isinstance(value, (int, float)) \
+                    and not isinstance(value, bool):
+                self._tensorboard.add_scalar(f"{kind}/{name}", value, int(step))
 
     def write(self, kind: str, step: int, values: dict[str, Any]) -> None:
         if not self.enabled:
@@ -100,9 +128,7 @@ class MetricsWriter:
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
         if self._tensorboard is not None:
-            for name, value in values.items():
-                if isinstance(value, (int, float)) and not isinstance(value, bool):
-                    self._tensorboard.add_scalar(f"{kind}/{name}", value, int(step))
+            self._add_scalars(kind, step, values)
 
     def close(self) -> None:
         if self._file is not None:
@@ -113,18 +139,53 @@ class MetricsWriter:
             self._tensorboard = None
 
 
+def _parse_lines(path: Path) -> tuple[list[dict[str, Any]], bool]:
+    """The records of a metrics file and whether its final line was torn (left out)."""
+    with open(path) as f:
+        lines = [(number, line) for number, line in enumerate(f.read().split("\n"), 1)
+                 if line.strip()]
+    records, torn = [], False
+    for index, (number, line) in enumerate(lines):
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            if index < len(lines) - 1:
+                raise ValueError(f"{path}: line {number} is not a JSON record") from None
+            torn = True
+    return records, torn
+
+
+def truncate_metrics(run_dir: str | os.PathLike, keep_through_step: int) -> list[dict[str, Any]]:
+    """Rewrite metrics.jsonl with its complete records of step <= keep_through_step (atomic
+    replace); returns them."""
+    path = Path(run_dir) / METRICS_FILE
+    if not path.is_file():
+        return []
+    records, torn = _parse_lines(path)
+    kept = [r for r in records if r["step"] <= keep_through_step]
+    if torn or len(kept) < len(records) or not path.read_bytes().endswith(b"\n"):
+        dropped = [f"{len(records) - len(kept)} record(s) after step {keep_through_step}"
+                   ] if len(kept) < len(records) else []
+        dropped += ["a torn final line"] if torn else []
+        if dropped:
+            log.warning("%s: dropped %s (replayed from the checkpoint)", path,
+                        " and ".join(dropped))
+        scratch = path.with_name(path.name + ".tmp")
+        scratch.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        os.replace(scratch, path)
+    return kept
+
+
 def read_metrics(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
-    """All records of a run; a resumed run keeps only the latest record per (kind, step)."""
+    """All records of a run, the latest record per (kind, step); a torn final line (a crash
+    mid-write) is skipped with a warning."""
     path = Path(run_dir) / METRICS_FILE
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no metrics file (is {run_dir} a run directory?)")
-    latest: dict[tuple[str, int], dict[str, Any]] = {}
-    with open(path) as f:
-        for line in f:
-            line = line.strip()
-            if line:
-                record = json.loads(line)
-                latest[(record["kind"], record["step"])] = record
+    records, torn = _parse_lines(path)
+    if torn:
+        log.warning("%s: skipped a torn final line", path)
+    latest = {(record["kind"], record["step"]): record for record in records}
     return sorted(latest.values(), key=lambda r: (r["kind"], r["step"]))
 
 

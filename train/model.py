@@ -5,6 +5,7 @@
     per layer l (mixer_l from the tiled pattern: A = attention variant, G = GatedDeltaNet):
       x    <- x + mixer_l(RMSNorm(x), segment_ids=segment_ids, positions=positions)
       x    <- x + W_down (silu(RMSNorm(x) W_gate) * (RMSNorm(x) W_up))     W_gate, W_up [D, F]
+              (or, with model.moe_experts > 0, a top-k mixture of such FFNs: train/moe.py)
     logits  = RMSNorm(x) E^T  (tied)  or  RMSNorm(x) W_out       float32 [B, T, V]
 
 RMSNorm(x) = x / sqrt(mean(x^2) + eps) * scale. positions restart at 0 at every document start.
@@ -26,6 +27,7 @@ import jax.numpy as jnp
 from fpa_jax import layers
 from gdn_jax.layer import GatedDeltaNet
 from train.config import Config
+from train.moe import MoEFeedForward
 from train.sharding import LOGICAL_AXIS_RULES
 
 ACTIVATION_AXES = ("batch", "length", "embed")
@@ -75,7 +77,11 @@ def build_mixer(config: Config, layer_index: int, name: str | None) -> nn.Module
     if a.kind == "fox":
         return layers.FoXAttention(**common)
     if a.kind == "softmax":
-        return layers.SoftmaxAttention(position=a.position, rope_base=a.rope_base, **common)
+        from fpa_jax.baselines.rope_scaling import YarnScaling
+
+        scaling = YarnScaling(a.yarn_factor, a.yarn_original_length) if a.yarn_factor else None
+        return layers.SoftmaxAttention(position=a.position, rope_base=a.rope_base,
+                                       rope_scaling=scaling, **common)
     if a.kind == "selective":
         return layers.SelectiveAttention(position=a.position, rope_base=a.rope_base, **common)
     if a.kind == "dcp":
@@ -121,7 +127,12 @@ class Block(nn.Module):
         h = mixer(h, segment_ids=segment_ids, positions=positions)
         x = constrain(x + h.astype(x.dtype), ACTIVATION_AXES)
         h = rms_norm(m.norm_eps, dtype, param_dtype, name="mlp_norm")(x)
-        h = SwiGLU(self.config.mlp_dim(), m.init_std, dtype, param_dtype, name="mlp")(h)
+        if m.moe_experts:
+            h = MoEFeedForward(m.moe_experts, m.moe_top_k,
+                               m.moe_expert_dim or self.config.mlp_dim(), m.moe_capacity_factor,
+                               m.moe_aux_loss_coef, m.init_std, dtype, param_dtype, name="moe")(h)
+        else:
+            h = SwiGLU(self.config.mlp_dim(), m.init_std, dtype, param_dtype, name="mlp")(h)
         return constrain(x + h.astype(x.dtype), ACTIVATION_AXES)
 
 

@@ -7,9 +7,14 @@
     train_step, eval_step          train/step.py, jitted with those shardings (the train
                                    state is donated); a step whose loss or gradient norm is
                                    not finite keeps params and opt_state as they were (only
-                                   "step" advances) and reports metrics["nonfinite"] = 1
-    data streams                   train: the training documents; eval: held-out documents
-                                   in a fixed shuffled order; batch_size / process per process
+                                   "step" advances) and reports metrics["nonfinite"] = 1;
+                                   train.grad_accum micro-batches per step (train/step.py)
+    checked mode                   train.check_ranges: the train step runs under checkify
+                                   with the ops' range checks traced in (fpa_jax.fpa.checks
+                                   checked_ranges); a violated range raises RangeCheckError
+    data streams                   train: the training documents, rows shuffled as
+                                   data.shuffle says; eval: held-out documents in a fixed
+                                   shuffled order; batch_size / process per process
 
 Checkpoints written before the per-step "rng" was dropped from the state still restore:
 RETIRED_STATE_KEYS are read and discarded (`Checkpointer.restore(ignore_saved=...)`).
@@ -73,6 +78,37 @@ def guard_nonfinite(train_step: Callable[[State, dict], tuple[State, dict]]):
     return guarded
 
 
+class RangeCheckError(ValueError):
+    """train.check_ranges: an op argument left its valid range inside the train step."""
+
+
+def checked_train_step(train_step: Callable[[State, dict], tuple[State, dict]]):
+    """train_step under checkify with the ops' range checks traced in: (err, (state,
+    metrics)). `raise_range_errors` turns err into a RangeCheckError."""
+    from jax.experimental import checkify
+
+    from fpa_jax.fpa.checks import checked_ranges
+
+    def traced_with_checks(state, batch):
+        with checked_ranges():
+            return train_step(state, batch)
+
+    return checkify.checkify(traced_with_checks, errors=checkify.user_checks)
+
+
+def raise_range_errors(checked_step):
+    """(err, out) -> out, raising RangeCheckError when a range check failed (a host sync)."""
+
+    def step(state, batch):
+        error, out = checked_step(state, batch)
+        message = error.get()
+        if message is not None:
+            raise RangeCheckError(f"train.check_ranges: {message.splitlines()[0]}")
+        return out
+
+    return step
+
+
 def default_mesh(config: Config) -> Mesh:
     return make_mesh(validate_for_devices(config, jax.device_count()))
 
@@ -112,9 +148,15 @@ def build_session(config: Config, vocab_size: int, mesh: Mesh | None = None) -> 
 
     data_sharding = batch_sharding(mesh)
     batch_shardings = {"tokens": data_sharding, "segment_ids": data_sharding}
-    train_step = jax.jit(guard_nonfinite(make_train_step(model, optimizer, schedule)),
-                         in_shardings=(shardings, batch_shardings),
-                         out_shardings=(shardings, replicated(mesh)), donate_argnums=(0,))
+    step_fn = guard_nonfinite(make_train_step(model, optimizer, schedule,
+                                              config.train.grad_accum))
+    if config.train.check_ranges:
+        train_step = raise_range_errors(jax.jit(
+            checked_train_step(step_fn), in_shardings=(shardings, batch_shardings),
+            out_shardings=(None, (shardings, replicated(mesh))), donate_argnums=(0,)))
+    else:
+        train_step = jax.jit(step_fn, in_shardings=(shardings, batch_shardings),
+                             out_shardings=(shardings, replicated(mesh)), donate_argnums=(0,))
     eval_step = jax.jit(
         make_eval_step(model, config.data.seq_len, config.train.position_buckets),
         in_shardings=(shardings["params"], batch_shardings), out_shardings=replicated(mesh))
@@ -143,4 +185,6 @@ def make_split_dataset(config: Config, tokenizer: Tokenizer, split: str):
                         batch_size=local_batch_size(config), split=split, seed=d.seed,
                         heldout_fraction=d.heldout_fraction, process_index=jax.process_index(),
                         process_count=jax.process_count(),
-                        max_documents=d.max_documents or None, shuffle=True)
+                        max_documents=d.max_documents or None, shuffle=True,
+                        shuffle_mode=d.shuffle if split == "train" else "window",
+                        shuffle_window=d.shuffle_window)

@@ -5,8 +5,15 @@
     logits      model(inputs, segment_ids)                                   float32 [B, L, V]
     losses      CE(logits_bj, target_bj)                                     float32 [B, L]
     loss        sum_bj mask_bj * losses_bj / max(1, sum_bj mask_bj)          float32 []
+    aux         the MoE layers' load-balancing terms per position (0 without MoE,
+                train/moe.py); the train loss uses losses + aux, eval reports losses alone
     train step  grads = d loss / d params;  updates, opt_state = tx(grads, opt_state, params);
                 params += updates;  step += 1
+    accumulation with k micro-batches m_i (row r of the batch in m_{r mod k}):
+                loss  = sum_i S_i / max(1, sum_i N_i)
+                grads = sum_i dS_i/dparams / max(1, sum_i N_i)
+                S_i = sum_bj mask_bj losses_bj over m_i, N_i = sum_bj mask_bj over m_i: the
+                loss and gradient of the whole batch, with the activations of one micro-batch
     eval step   sums, so that batches add up: loss_sum, count, and per position bucket
                 bucket_j = min(p_j // ceil(L / nb), nb - 1), p_j the position of input j in
                 its document (0 at each document start): the prediction made with p_j + 1
@@ -34,13 +41,15 @@ State = dict[str, Any]
 
 
 def token_losses(model: nn.Module, params: Any, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
-    """logits [B, L, V]; losses (CE per position), mask (float32, 1 where the target is
-    scored) and the segment_ids the model saw, each [B, L]."""
+    """logits [B, L, V]; losses (CE per position), aux (MoE balancing term per position),
+    mask (float32, 1 where the target is scored) and the segment_ids the model saw, each [B, L]."""
+    from train.moe import apply_with_auxiliary_loss
+
     view = split_inputs_and_targets(batch)
-    logits = model.apply({"params": params}, view["inputs"], view["segment_ids"])
+    logits, aux = apply_with_auxiliary_loss(model, params, view["inputs"], view["segment_ids"])
     losses = optax.softmax_cross_entropy_with_integer_labels(logits, view["targets"])
-    return {"logits": logits, "losses": losses, "mask": view["loss_mask"].astype(jnp.float32),
-            "segment_ids": view["segment_ids"]}
+    return {"logits": logits, "losses": losses, "aux": aux,
+            "mask": view["loss_mask"].astype(jnp.float32), "segment_ids": view["segment_ids"]}
 
 
 def masked_mean(losses: jax.Array, mask: jax.Array) -> jax.Array:
@@ -48,20 +57,52 @@ def masked_mean(losses: jax.Array, mask: jax.Array) -> jax.Array:
 
 
 def make_train_step(model: nn.Module, optimizer: optax.GradientTransformation,
-                    schedule: optax.Schedule) -> Callable[[State, dict], tuple[State, dict]]:
-    """state, batch -> new state, {"loss", "grad_norm", "lr", "target_tokens"}."""
+                    schedule: optax.Schedule,
+                    grad_accum: int = 1) -> Callable[[State, dict], tuple[State, dict]]:
+    """state, batch -> new state, {"loss", "grad_norm", "lr", "target_tokens"}.
+    grad_accum = k > 1: the batch's B rows (B % k == 0) run as k micro-batches (module doc)."""
+    if not isinstance(grad_accum, int) or grad_accum < 1:
+        raise ValueError(f"grad_accum: expected an int >= 1, got {grad_accum!r}")
 
     def loss_fn(params, batch):
         terms = token_losses(model, params, batch)
-        return masked_mean(terms["losses"], terms["mask"]), terms["mask"]
+        return masked_mean(terms["losses"] + terms["aux"], terms["mask"]), jnp.sum(terms["mask"])
+
+    def summed_loss_fn(params, batch):
+        terms = token_losses(model, params, batch)
+        return jnp.sum((terms["losses"] + terms["aux"]) * terms["mask"]), jnp.sum(terms["mask"])
+
+    def accumulated_loss_and_grads(params, batch):
+        rows = batch["tokens"].shape[0]
+        if rows % grad_accum:
+            raise ValueError(f"batch: {rows} rows do not split into grad_accum={grad_accum} "
+                             "micro-batches")
+        micro = jax.tree.map(
+            lambda x: jnp.swapaxes(x.reshape(rows // grad_accum, grad_accum, *x.shape[1:]), 0, 1),
+            batch)
+
+        def add(carry, micro_batch):
+            loss_sum, count, grads = carry
+            (s, n), g = jax.value_and_grad(summed_loss_fn, has_aux=True)(params, micro_batch)
+            return (loss_sum + s, count + n, jax.tree.map(jnp.add, grads, g)), None
+
+        zeros = jax.tree.map(jnp.zeros_like, params)
+        (loss_sum, count, grads), _ = jax.lax.scan(
+            add, (jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32), zeros), micro)
+        denominator = jnp.maximum(count, 1.0)
+        return loss_sum / denominator, count, jax.tree.map(lambda g: g / denominator, grads)
 
     def train_step(state, batch):
-        (loss, mask), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"], batch)
+        if grad_accum == 1:
+            (loss, count), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+                state["params"], batch)
+        else:
+            loss, count, grads = accumulated_loss_and_grads(state["params"], batch)
         updates, opt_state = optimizer.update(grads, state["opt_state"], state["params"])
         params = optax.apply_updates(state["params"], updates)
         new_state = {"step": state["step"] + 1, "params": params, "opt_state": opt_state}
         metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads),
-                   "lr": schedule(state["step"]), "target_tokens": jnp.sum(mask)}
+                   "lr": schedule(state["step"]), "target_tokens": count}
         return new_state, metrics
 
     return train_step

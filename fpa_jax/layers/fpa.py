@@ -22,6 +22,7 @@ from fpa_jax.baselines.softmax import softmax_attention
 from fpa_jax.fpa.api import fpa_attention
 from fpa_jax.fpa.fields import fields
 from fpa_jax.layers import common
+from kernels_pallas import shard
 
 Dtype = Any
 
@@ -114,8 +115,9 @@ class FPAAttention(nn.Module):
 
         if not self.use_bias:
             q, k, v = common.head_projections(self, x, ("query", "key", "value"))
-            out = softmax_attention(q, k, v, scale=scale, segment_ids=segment_ids,
-                                    implementation=self.implementation)
+            out = shard.shard_batch_and_heads(
+                softmax_attention, q, k, v, layouts=shard.SOFTMAX_LAYOUTS, scale=scale,
+                segment_ids=segment_ids, implementation=self.implementation)
             return common.output_projection(self, out, x.shape[-1])
 
         if self.content:
@@ -146,8 +148,9 @@ class FPAAttention(nn.Module):
             out = dipsum_attention(q, k, v, phi, psi, beta, scale=scale, segment_ids=segment_ids,
                                    implementation=self.implementation)
         else:
-            out = fpa_attention(
-                q, k, v, phi, psi, beta, scale=scale, tau=self.tau, segment_ids=segment_ids,
-                implementation=self.implementation, query_level=self.query_level, content=self.content,
+            out = shard.shard_batch_and_heads(
+                fpa_attention, q, k, v, phi, psi, beta, layouts=shard.FPA_LAYOUTS, scale=scale,
+                tau=self.tau, segment_ids=segment_ids, implementation=self.implementation,
+                query_level=self.query_level, content=self.content,
             )
         return common.output_projection(self, out, x.shape[-1])

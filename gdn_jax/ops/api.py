@@ -12,6 +12,12 @@
 q and k are used as given (the layer L2-normalises them). Gates, states and all internal
 arithmetic are float32 for bf16/f16/f32 inputs (float64 only if an input is float64).
 
+Value ranges (outside them the state grows without bound or turns NaN): g <= 0, 0 <= beta
+<= 1, |k_t| <= 1 + KEY_NORM_TOLERANCE (unit keys; zero keys allowed). Checked at once on
+concrete arrays (ValueError naming the argument); inside jit only in checked mode
+(`fpa_jax.fpa.checks.checked_ranges` + `jax.experimental.checkify`). GatedDeltaNet keeps
+them by construction: g = -exp(A_log) softplus(.) <= 0, beta = sigmoid(.), k L2-normalised.
+
 Implementations (`REGISTRY`, op name "gated_delta_rule"; default order ("pallas", "xla")):
   "reference"  the token-by-token scan (`gdn_jax.ops.naive`); never chosen by default
   "xla"        chunked WY form (`gdn_jax.ops.chunk`), O(T * chunk) memory; runs everywhere
@@ -29,6 +35,7 @@ import math
 import jax.numpy as jnp
 import numpy as np
 
+from fpa_jax.fpa.checks import check_range
 from gdn_jax.ops.chunk import chunked_forward
 from gdn_jax.ops.naive import recurrent_forward
 from kernels_pallas.registry import Registry, platform_facts
@@ -46,6 +53,23 @@ def _check_rank_and_float(name, x, rank, layout):
 def _check_shape(name, x, expected, layout):
     if tuple(x.shape) != tuple(expected):
         raise ValueError(f"{name}: expected shape {tuple(expected)} {layout}, got {tuple(x.shape)}")
+
+
+KEY_NORM_TOLERANCE = 1e-2   # bf16 rounding of a unit key stays far below this
+
+
+def _key_norms(k, xp):
+    return xp.sqrt(xp.sum(xp.square(k.astype(xp.float32)), axis=-1))
+
+
+def _check_ranges(k, g, beta):
+    check_range("g", g, lambda x, xp: x <= 0, "log decay g <= 0 everywhere",
+                lambda x, xp: xp.max(x))
+    check_range("beta", beta, lambda x, xp: (x >= 0) & (x <= 1), "beta in [0, 1] everywhere",
+                lambda x, xp: xp.where(xp.all(x >= 0), xp.max(x), xp.min(x)))
+    check_range("k", k, lambda x, xp: _key_norms(x, xp) <= 1 + KEY_NORM_TOLERANCE,
+                "L2-normalised keys (|k_t| <= 1), largest norm",
+                lambda x, xp: xp.max(_key_norms(x, xp)))
 
 
 def _validate(q, k, v, g, beta, scale, initial_state, segment_ids):
@@ -80,6 +104,7 @@ def _validate(q, k, v, g, beta, scale, initial_state, segment_ids):
         _check_shape("segment_ids", segment_ids, (batch, seq_len), "[B, T]")
     if scale is not None and isinstance(scale, (int, float, np.number)) and not scale > 0:
         raise ValueError(f"scale: expected a positive number, got {scale}")
+    _check_ranges(k, g, beta)
 
 
 def _prepare(q, k, v, g, beta, scale, initial_state, segment_ids, output_final_state):

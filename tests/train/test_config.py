@@ -142,12 +142,6 @@ def test_cli_reports_config_errors_before_starting(capsys, tmp_path):
     assert "tiny_fpa" in capsys.readouterr().err  # lists the presets
 
 
-@pytest.mark.parametrize("command", ["generate"])
-def test_cli_not_implemented_commands_say_so(capsys, command):
-    assert cli.main([command]) == 2
-    assert "not implemented yet" in capsys.readouterr().err
-
-
 def test_every_preset_extends_a_base():
     import yaml
 
