@@ -159,11 +159,12 @@ def code_revision() -> dict[str, Any] | None:
     return {"commit": commit, "dirty": dirty}
 
 
-def _flat_keys(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+def flat_keys(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"a.b.c": value} for a nested mapping (the dotted keys of config overrides)."""
     flat = {}
     for key, value in tree.items():
         if isinstance(value, Mapping):
-            flat.update(_flat_keys(value, f"{prefix}{key}."))
+            flat.update(flat_keys(value, f"{prefix}{key}."))
         else:
             flat[f"{prefix}{key}"] = value
     return flat
@@ -171,7 +172,7 @@ def _flat_keys(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def config_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
     """"key: old -> new" for every dotted key whose value differs (JSON-level)."""
-    before, after = _flat_keys(_json_safe(old, "config")), _flat_keys(_json_safe(new, "config"))
+    before, after = flat_keys(_json_safe(old, "config")), flat_keys(_json_safe(new, "config"))
     return [f"{key}: {before.get(key, '(unset)')!r} -> {after.get(key, '(unset)')!r}"
             for key in sorted(set(before) | set(after)) if before.get(key) != after.get(key)]
 
@@ -199,9 +200,8 @@ def save_run_files(
     elif config_path.read_text() != text:
         stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
         config_path.with_name(f"config.{stamp}.json").write_text(text)
-        changes = config_changes(json.loads(config_path.read_text()), config)
-        log.warning("config differs from %s in %s; kept it and wrote config.%s.json",
-                    config_path, "; ".join(changes), stamp)
+        log.warning("config differs from %s (the trainer names the keys that differ); kept it "
+                    "and wrote config.%s.json", config_path, stamp)
     if tokenizer is None:
         return
     tokenizer_dir = run / TOKENIZER_DIRNAME

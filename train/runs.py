@@ -91,19 +91,9 @@ def checkpoint_steps(run_dir: str | Path) -> list[int]:
     return sorted(int(p.name) for p in directory.iterdir() if p.is_dir() and p.name.isdigit())
 
 
-def _flat(tree: dict, prefix: str = "") -> dict[str, object]:
-    out = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            out.update(_flat(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
-
-
 def config_differences(preset: Config, config: Config) -> dict[str, object]:
     """Dotted keys whose resolved value in `config` differs from `preset` (train.run_dir aside)."""
-    base, resolved = _flat(preset.to_dict()), _flat(config.to_dict())
+    base, resolved = ckpt.flat_keys(preset.to_dict()), ckpt.flat_keys(config.to_dict())
     return {key: value for key, value in sorted(resolved.items())
             if key != "train.run_dir" and base.get(key) != value}
 
