@@ -6,20 +6,15 @@ outputs and gradients of every float input, FPA's straight-through soft-minimum 
 included.
 """
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import jax.numpy as jnp
 import pytest
 
 from fpa_jax.context_parallel import ring_fox_attention, ring_fpa_attention
+from tests.devices import run_on_cpu_devices
 from tests.seeds import case_seed
 
-REPO = Path(__file__).resolve().parents[2]
 
 SCRIPT = textwrap.dedent("""
     import json
@@ -116,14 +111,7 @@ SCRIPT = textwrap.dedent("""
 
 
 def test_ring_attention_matches_unsplit_values_and_gradients():
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
-               JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO))
-    script = SCRIPT.replace("SEED", str(case_seed(121)))
-    completed = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env,
-                               capture_output=True, text=True, timeout=600)
-    assert completed.returncode == 0, completed.stderr[-4000:]
-    line = [l for l in completed.stdout.splitlines() if l.startswith("RESULT ")][-1]
-    result = json.loads(line[len("RESULT "):])
+    result = run_on_cpu_devices(SCRIPT.replace("SEED", str(case_seed(121))))
     assert set(result) == {"fpa", "fpa_query_level_no_content", "fox"}
     for case, errors in result.items():
         for name, error in errors.items():

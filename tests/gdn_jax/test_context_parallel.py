@@ -5,21 +5,16 @@ XLA_FLAGS=--xla_force_host_platform_device_count=8 (the flag must be set before 
 values, final state and gradients of every input.
 """
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from gdn_jax.ops.context_parallel import context_parallel_gated_delta_rule
+from tests.devices import run_on_cpu_devices
 from tests.seeds import case_seed
 
-REPO = Path(__file__).resolve().parents[2]
 
 SCRIPT = textwrap.dedent("""
     import json
@@ -87,14 +82,7 @@ SCRIPT = textwrap.dedent("""
 
 
 def test_context_parallel_matches_unsplit_values_state_and_gradients():
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
-               JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO))
-    script = SCRIPT.replace("SEED", str(case_seed(120)))
-    completed = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env,
-                               capture_output=True, text=True, timeout=600)
-    assert completed.returncode == 0, completed.stderr[-4000:]
-    line = [l for l in completed.stdout.splitlines() if l.startswith("RESULT ")][-1]
-    result = json.loads(line[len("RESULT "):])
+    result = run_on_cpu_devices(SCRIPT.replace("SEED", str(case_seed(120))))
     for case, errors in result.items():
         for name, error in errors.items():
             assert error < 2e-5, (case, name, error)   # relative to the largest entry

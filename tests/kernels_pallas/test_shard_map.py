@@ -14,12 +14,7 @@ The 8-device checks run in one subprocess (XLA_FLAGS must be set before JAX star
     mixer.
 """
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -27,9 +22,9 @@ import pytest
 from jax.sharding import AbstractMesh, AxisType
 
 from kernels_pallas.shard import FPA_LAYOUTS, GDN_LAYOUTS, plan, shard_batch_and_heads
+from tests.devices import run_on_cpu_devices
 from tests.seeds import case_seed
 
-REPO = Path(__file__).resolve().parents[2]
 
 SCRIPT = textwrap.dedent("""
     import json, re, sys
@@ -147,13 +142,7 @@ SCRIPT = textwrap.dedent("""
 
 @pytest.fixture(scope="module")
 def eight_devices():
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
-               JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO))
-    completed = subprocess.run([sys.executable, "-c", SCRIPT, str(case_seed(1201))], cwd=REPO,
-                               env=env, capture_output=True, text=True, timeout=600)
-    assert completed.returncode == 0, completed.stderr[-4000:]
-    line = [l for l in completed.stdout.splitlines() if l.startswith("RESULT ")][-1]
-    return json.loads(line[len("RESULT "):])
+    return run_on_cpu_devices(SCRIPT, str(case_seed(1201)))
 
 
 @pytest.mark.parametrize("name", ["fpa", "fox", "softmax_alibi", "gdn"])

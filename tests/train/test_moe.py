@@ -2,12 +2,7 @@
 term, the tiny hybrid MoE preset training, and experts sharded over the data axis (8 CPU devices
 in a subprocess: the XLA flag must be set before JAX starts)."""
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import flax.linen as nn
 import jax
@@ -15,12 +10,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from tests.devices import run_on_cpu_devices
 from tests.seeds import case_seed
 from train.config import ConfigError, load_config
 from train.moe import (AUX_COLLECTION, MoEFeedForward, apply_with_auxiliary_loss,
                        expert_capacity, moe_dense_reference, route)
 
-REPO = Path(__file__).resolve().parents[2]
 FAST_COMPILE = {"xla_backend_optimization_level": 0}
 
 
@@ -168,14 +163,7 @@ EXPERT_SHARDING_SCRIPT = textwrap.dedent("""
 def test_experts_sharded_over_the_data_axis_train_like_one_device():
     """Capacity mode on data 4 x tensor 2: expert weights [E, D, F] are split over `data`
     (expert parallel) and `tensor`, and two steps give the one-device losses."""
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
-               JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO))
-    script = EXPERT_SHARDING_SCRIPT.replace("SEED", str(case_seed(5)))
-    completed = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env,
-                               capture_output=True, text=True, timeout=600)
-    assert completed.returncode == 0, completed.stderr[-4000:]
-    line = [l for l in completed.stdout.splitlines() if l.startswith("RESULT ")][-1]
-    result = json.loads(line[len("RESULT "):])
+    result = run_on_cpu_devices(EXPERT_SHARDING_SCRIPT.replace("SEED", str(case_seed(5))))
     assert result["sharded_gate_spec"] == str(jax.sharding.PartitionSpec("data", "fsdp", "tensor"))
     assert np.all(np.isfinite(result["single"]))
     np.testing.assert_allclose(result["sharded"], result["single"], rtol=0, atol=1e-5)

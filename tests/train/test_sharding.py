@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
+from tests.devices import run_on_cpu_devices
 from train.config import ConfigError, load_config, validate_for_devices
 from train.sharding import LOGICAL_AXIS_RULES, make_mesh, maybe_initialize_distributed
 
@@ -92,21 +93,11 @@ MULTI_DEVICE_SCRIPT = textwrap.dedent("""
 """)
 
 
-def run_multi_device_script():
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
-               JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO))
-    completed = subprocess.run([sys.executable, "-c", MULTI_DEVICE_SCRIPT], cwd=REPO, env=env,
-                               capture_output=True, text=True, timeout=600)
-    assert completed.returncode == 0, completed.stderr[-4000:]
-    line = [l for l in completed.stdout.splitlines() if l.startswith("RESULT ")][-1]
-    return json.loads(line[len("RESULT "):])
-
-
 def test_eight_devices_train_like_one_and_restore_across_device_counts():
     """One test (one subprocess, so pytest-xdist runs it once): data 8 and fsdp 4 x tensor 2
     give the one-device losses for 3 steps; params and Adam moments follow the rules table; a
     checkpoint saved on one device restores onto fsdp 4 x tensor 2 and continues identically."""
-    result = run_multi_device_script()
+    result = run_on_cpu_devices(MULTI_DEVICE_SCRIPT)
     reference = result["reference"]
     assert len(set(reference)) == 3 and all(np.isfinite(reference))
     for sizes in ("(8, 1, 1)", "(1, 4, 2)"):
