@@ -54,6 +54,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from fpa_jax.baselines import flash_xla
 from fpa_jax.fpa import checks
 from fpa_jax.fpa.blocks import BIG
 from fpa_jax.fpa.padding import pad_time
@@ -213,13 +214,8 @@ def _ring(query, keys, diagonal_extras, fold_gap, *, axis_name, size, out_dtype,
 
 
 def _check_common(q, k, v, segment_ids, block_size):
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        checks.require_rank(name, x, 4)
-        checks.require_float(name, x)
-    checks.require_shape("k", k, q.shape)
-    if v.shape[:3] != q.shape[:3]:
-        raise ValueError(f"v: expected shape {q.shape[:3]} + (Dv,), got {v.shape}")
-    checks.check_segment_ids(segment_ids, q.shape[0], q.shape[1])
+    batch, length, _, _ = flash_xla.check_qkv(q, k, v)
+    checks.check_segment_ids(segment_ids, batch, length)
     if not isinstance(block_size, int) or block_size <= 0:
         raise ValueError(f"block_size: expected a positive int, got {block_size!r}")
 
@@ -236,8 +232,7 @@ def ring_fpa_attention(q, k, v, phi, psi, beta, *, axis_name, scale=None, tau=1.
     size = _axis_size(axis_name)
     _check_common(q, k, v, segment_ids, block_size)
     for name, x in (("phi", phi), ("psi", psi)):
-        checks.require_shape(name, x, q.shape[:3])
-        checks.require_float(name, x)
+        flash_xla.check_per_token(name, x, *q.shape[:3])
     checks.require_shape("beta", beta, q.shape[2:3])
     checks.check_positive_beta(beta)
     checks.check_tau(tau)
@@ -259,9 +254,10 @@ def ring_fpa_attention(q, k, v, phi, psi, beta, *, axis_name, scale=None, tau=1.
         return {**keys, "suffix_min": jnp.minimum(keys["suffix_min"], own_min),
                 "suffix_log_mass": jnp.logaddexp(keys["suffix_log_mass"], own_log_mass)}
 
-    scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
+    scale = flash_xla.resolve_scale(scale, q.shape[-1])
     return _ring(query, keys, {"phi": phi}, fold_gap, axis_name=axis_name, size=size,
-                 out_dtype=q.dtype, block_size=block_size, scale=scale, content=bool(content), bias_fn=_fpa_bias,
+                 out_dtype=q.dtype, block_size=block_size, scale=scale, content=bool(content),
+                 bias_fn=_fpa_bias,
                  bias_config=(float(tau), beta.astype(jnp.float32), bool(query_level)))
 
 
@@ -274,12 +270,11 @@ def ring_fox_attention(q, k, v, log_forget, *, axis_name, scale=None, segment_id
     """
     size = _axis_size(axis_name)
     _check_common(q, k, v, segment_ids, block_size)
-    checks.require_shape("log_forget", log_forget, q.shape[:3])
-    checks.require_float("log_forget", log_forget)
+    flash_xla.check_per_token("log_forget", log_forget, *q.shape[:3])
     cumulative = context_parallel_cumsum(log_forget, axis_name=axis_name)
     query = {"q": q, "segment": segment_ids, "cumulative": cumulative}
     keys = {"k": k, "v": v, "segment": segment_ids, "cumulative": cumulative}
-    scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
+    scale = flash_xla.resolve_scale(scale, q.shape[-1])
     return _ring(query, keys, {}, lambda keys: keys, axis_name=axis_name, size=size,
                  out_dtype=q.dtype, block_size=block_size, scale=scale, content=True,
                  bias_fn=_fox_bias, bias_config=None)
