@@ -8,7 +8,6 @@ stage whose reference is missing or unfinished, and `spectra --compare` on the f
 """
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -78,15 +77,6 @@ DRIVER = textwrap.dedent("""
                 rc = main(phase)
             print("RESULT " + json.dumps({"rc": rc, "stderr": error.getvalue()}), flush=True)
 """)
-
-
-@pytest.fixture(scope="module")
-def environment(tmp_path_factory):
-    cache = tmp_path_factory.mktemp("jax_cache")
-    return dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu",
-                JAX_COMPILATION_CACHE_DIR=str(cache),
-                JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-                JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1")
 
 
 def run_driver(environment, **options):

@@ -5,7 +5,6 @@ All runs share one persistent compilation cache, so only the first run of each m
 """
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -86,15 +85,6 @@ def corpus(tmp_path_factory):
         text = " ".join(rng.choice(words, size=int(rng.integers(50, 400))))
         (root / f"doc_{index:02d}.py").write_text(text)
     return root
-
-
-@pytest.fixture(scope="module")
-def environment(tmp_path_factory):
-    cache = tmp_path_factory.mktemp("jax_cache")
-    return dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu",
-                JAX_COMPILATION_CACHE_DIR=str(cache),
-                JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-                JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1")
 
 
 def run_driver(environment, runs, expect_rc=0, **options):
