@@ -7,8 +7,6 @@
                                   {argument, output, temp, alias}; peak = argument + output + temp
     torch_peak_bytes(fn, device)  the CUDA allocator's peak during one call (inputs included)
     tflops(flops, ms)             flops / (ms * 1e-3) / 1e12
-    matmul_ceiling_tflops(n)      rate of a bf16 n x n x n matmul (2 n^3 flops) in this run: the
-                                  ceiling that achieved TFLOP/s are read against
 
 The JAX side imports only JAX and the PyTorch side only PyTorch, so the two frameworks never
 share a process (nor the GPU's memory).
@@ -85,12 +83,3 @@ def tflops(flops, milliseconds):
         return None
     return flops / (milliseconds * 1e-3) / 1e12
 
-
-def matmul_ceiling_tflops(size=8192, warmup=3, repeats=20):
-    import jax
-    import jax.numpy as jnp
-
-    a = jax.random.normal(jax.random.PRNGKey(1), (size, size), jnp.bfloat16)
-    b = jax.random.normal(jax.random.PRNGKey(2), (size, size), jnp.bfloat16)
-    milliseconds = jax_median_ms(jax.jit(jnp.matmul), a, b, warmup=warmup, repeats=repeats)
-    return tflops(2 * size ** 3, milliseconds)
