@@ -10,7 +10,7 @@
                                    "step" advances) and reports metrics["nonfinite"] = 1;
                                    train.grad_accum micro-batches per step (train/step.py)
     checked mode                   train.check_ranges: the train step runs under checkify
-                                   with the ops' range checks traced in (fpa_jax.fpa.checks
+                                   with the ops' range checks traced in (kernels_pallas.ranges
                                    checked_ranges); a violated range raises RangeCheckError
     data streams                   train: the training documents, rows shuffled as
                                    data.shuffle says; eval: held-out documents in a fixed
@@ -87,7 +87,7 @@ def checked_train_step(train_step: Callable[[State, dict], tuple[State, dict]]):
     metrics)). `raise_range_errors` turns err into a RangeCheckError."""
     from jax.experimental import checkify
 
-    from fpa_jax.fpa.checks import checked_ranges
+    from kernels_pallas.ranges import checked_ranges
 
     def traced_with_checks(state, batch):
         with checked_ranges():

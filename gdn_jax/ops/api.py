@@ -15,7 +15,7 @@ arithmetic are float32 for bf16/f16/f32 inputs (float64 only if an input is floa
 Value ranges (outside them the state grows without bound or turns NaN): g <= 0, 0 <= beta
 <= 1, |k_t| <= 1 + KEY_NORM_TOLERANCE (unit keys; zero keys allowed). Checked at once on
 concrete arrays (ValueError naming the argument); inside jit only in checked mode
-(`fpa_jax.fpa.checks.checked_ranges` + `jax.experimental.checkify`). GatedDeltaNet keeps
+(`kernels_pallas.ranges.checked_ranges` + `jax.experimental.checkify`). GatedDeltaNet keeps
 them by construction: g = -exp(A_log) softplus(.) <= 0, beta = sigmoid(.), k L2-normalised.
 
 Implementations (`REGISTRY`, op name "gated_delta_rule"; default order ("pallas", "xla")):
@@ -35,7 +35,7 @@ import math
 import jax.numpy as jnp
 import numpy as np
 
-from fpa_jax.fpa.checks import check_range
+from kernels_pallas.ranges import check_range
 from gdn_jax.ops.chunk import chunked_forward
 from gdn_jax.ops.naive import recurrent_forward
 from kernels_pallas.registry import Registry, platform_facts

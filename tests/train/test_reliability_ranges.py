@@ -10,7 +10,7 @@ import pytest
 from jax.experimental import checkify
 
 from fpa_jax import fpa_attention
-from fpa_jax.fpa.checks import checked_ranges
+from kernels_pallas.ranges import checked_ranges
 from gdn_jax import gated_delta_rule
 from tests.seeds import case_seed
 from train.session import RangeCheckError, checked_train_step, raise_range_errors
