@@ -201,9 +201,10 @@ def test_inside_shard_map_with_gradients():
             sharded = jax.shard_map(per_shard, mesh=mesh, in_specs=(heads,) * 5,
                                     out_specs=(heads, P(None, "x")))
             out, final = (per_shard if implementation == "reference" else sharded)(*xs)
-            return jnp.sum(out * cotangents[0]) + jnp.sum(final * cotangents[1])
+            return jnp.sum(out * cotangents[0]) + jnp.sum(final * cotangents[1]), (out, final)
 
-        return jax.jit(jax.value_and_grad(run, argnums=range(5)))
+        # outputs and gradients are compared, not the scalar loss (its terms may cancel)
+        return jax.jit(jax.grad(run, argnums=range(5), has_aux=True))
 
     with interpret.gpu_interpret():
         got = loss("pallas")(*args)
