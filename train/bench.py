@@ -11,7 +11,9 @@ Model FLOPs per token (training = forward + backward = 3 x forward; T = seq_len)
                +  sum over GDN layers        3 * HV * (6 * K * V + (2 K + V) * (C + 1))
 
     N     parameters that multiply activations: all of them, less the input embedding table
-          when it is not tied to the output head (a lookup costs no FLOPs)
+          when it is not tied to the output head (a lookup costs no FLOPs), less, in MoE
+          layers, the experts a token is not routed to: (E - k) * 3 * D * F per layer (each
+          token runs k of the E SwiGLU experts of width F; the router is counted)
     attn  causal: token t attends to t + 1 keys, (T + 1) / 2 on average; per key the forward
           does 2 D_qk FLOPs for q.k and 2 D_v for p v: 2 H (D_qk + D_v) (T + 1) / 2.
           D_qk = 0 for FPA without content (the logits are the bias alone)
@@ -64,6 +66,10 @@ def model_flops_per_token(config: Config, params: int, vocab_size: int) -> dict[
     m, a, g = config.model, config.attention, config.gdn
     seq_len = config.data.seq_len
     matmul_params = params - (0 if m.tie_embeddings else vocab_size * m.d_model)
+    if m.moe_experts:   # each token runs top_k of the experts
+        expert_dim = m.moe_expert_dim or config.mlp_dim()
+        matmul_params -= (m.num_layers * (m.moe_experts - m.moe_top_k)
+                          * 3 * m.d_model * expert_dim)
     kinds = config.layer_kinds()
     qk_dim = a.head_dim if (a.kind != "fpa" or a.content) else 0
     attention = kinds.count("attention") * 3 * a.num_heads * (qk_dim + a.head_dim) * (seq_len + 1)

@@ -19,8 +19,8 @@ Load balancing (Switch / GShard): with f_e the fraction of the N k assignments r
 (1 when routing is uniform). The layer sows coef * a_n per token [B, T] into the collection
 AUX_COLLECTION; `apply_with_auxiliary_loss` returns the sum over layers, to be added to the
 per-token cross-entropy before the train loss's masked mean (so the auxiliary term is averaged
-like the loss, micro-batches included). train/step.py does not add it yet (a plain
-`model.apply` ignores sown values).
+like the loss, micro-batches included); train/step.py does so (a plain `model.apply` ignores
+sown values).
 
 Computation: capacity mode scatters assignments into per-expert buffers [E, C, D] (logical
 axes ("expert", None, "embed"): the rules table shards experts over the `expert` mapping),

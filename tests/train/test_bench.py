@@ -46,6 +46,13 @@ def test_flops_per_token_on_hand_computed_configs():
     assert flops["recurrence"] == 80832.0
     assert flops["total"] == 47712.0 + 12672.0 + 80832.0
 
+    # MoE, 2 layers, 8 experts of width 24, top 2, tied, 100000 params: the 6 experts a token
+    # skips in each layer, 2 * 6 * 3 * 16 * 24 = 13824 params, do no work
+    moe = load_config(None, ["model.pattern=A", "model.num_layers=2", "model.d_model=16",
+                             "model.moe_experts=8", "model.moe_top_k=2", "model.moe_expert_dim=24",
+                             "attention.num_heads=2", "attention.head_dim=8", "data.seq_len=32"])
+    assert model_flops_per_token(moe, 100000, 64)["dense"] == 6.0 * (100000 - 13824)
+
 
 def test_matmul_ceiling_is_a_positive_rate():
     assert 0 < matmul_ceiling_tflops(64, repeats=2) < 1e4
