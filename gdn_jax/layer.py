@@ -36,7 +36,7 @@ import jax.numpy as jnp
 
 from gdn_jax.ops import api
 from gdn_jax.ops.api import gated_delta_rule, recurrent_gated_delta_rule
-from kernels_pallas import shard
+from kernels_pallas import context_shard, shard
 
 L2_NORM_EPS = 1e-6
 A_INIT_RANGE = (0.0, 16.0)
@@ -249,10 +249,15 @@ class GatedDeltaNet(nn.Module):
         v = self._split_heads(self.v_conv(self.v_proj(x), segment_ids), self.value_heads, self.value_head_dim)
         z = self._split_heads(self.z_proj(x), self.value_heads, self.value_head_dim)
         g, beta = self._gates(x)
-        o, _ = shard.shard_batch_and_heads(
-            gated_delta_rule, q, k, v, g, beta, layouts=shard.GDN_LAYOUTS,
-            out_layouts=shard.GDN_OUT_LAYOUTS, segment_ids=segment_ids,
-            chunk_size=self.chunk_size, implementation=self.implementation)
+        if context_shard.context_size() > 1:
+            o = context_shard.gated_delta_rule(q, k, v, g, beta, segment_ids=segment_ids,
+                                               chunk_size=self.chunk_size,
+                                               implementation=self.implementation)
+        else:
+            o, _ = shard.shard_batch_and_heads(
+                gated_delta_rule, q, k, v, g, beta, layouts=shard.GDN_LAYOUTS,
+                out_layouts=shard.GDN_OUT_LAYOUTS, segment_ids=segment_ids,
+                chunk_size=self.chunk_size, implementation=self.implementation)
         return self._readout(o, z, x.shape[-1])
 
     def transition_inputs(self, x: jax.Array, *, segment_ids: jax.Array | None = None):

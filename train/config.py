@@ -42,6 +42,7 @@ POSITIONS_BY_KIND = {
 }
 MIXER_LETTERS = {"A": "attention", "G": "gdn"}
 CPT_POSITIONS = ("keep", "abf", "yarn", "drope")   # train/cpt.py extended_attention
+CONTEXT_PARALLEL_KINDS = ("fpa", "fox", "softmax")  # attention with a ring path (mesh.context > 1)
 DTYPES = ("float32", "bfloat16")
 BASE_KEY = "base"
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
@@ -135,9 +136,14 @@ class OptimConfig:
 
 @dataclasses.dataclass(frozen=True)
 class MeshConfig:
-    data: int = -1                 # -1: all devices left after fsdp * tensor
+    data: int = -1                 # -1: all devices left after fsdp * tensor * context
     fsdp: int = 1
     tensor: int = 1
+    context: int = 1               # n > 1: context parallelism, each sequence split into n equal
+                                   # stretches of data.seq_len / n tokens on n devices (ring
+                                   # attention for fpa / fox / softmax, the context-parallel delta
+                                   # rule for GDN; kernels_pallas/context_shard.py); a stretch
+                                   # that is a multiple of 64 (the GDN chunk) wastes no padding
 
 
 @dataclasses.dataclass(frozen=True)
@@ -395,7 +401,8 @@ def validate(config: Config) -> None:
                        ("train.keep_checkpoints", t.keep_checkpoints),
                        ("train.grad_accum", t.grad_accum),
                        ("data.shuffle_window", d.shuffle_window),
-                       ("mesh.fsdp", mesh.fsdp), ("mesh.tensor", mesh.tensor)]:
+                       ("mesh.fsdp", mesh.fsdp), ("mesh.tensor", mesh.tensor),
+                       ("mesh.context", mesh.context)]:
         _require(value >= 1, f"{key} must be >= 1, got {value}")
     for key, value in [("model.vocab_size", m.vocab_size), ("model.mlp_dim", m.mlp_dim),
                        ("gdn.num_v_heads", g.num_v_heads), ("gdn.v_head_dim", g.v_head_dim),
@@ -490,6 +497,9 @@ def validate(config: Config) -> None:
              f"optim.warmup_steps={o.warmup_steps} must be < train.steps={t.steps} "
              "for the cosine schedule")
 
+    if mesh.context > 1:
+        validate_context_parallel(config)
+
     _require(c.k > 0, f"cpt.k must be > 0, got {c.k}")
     _require(c.mode in ("matrix", "row"), f"cpt.mode must be matrix or row, got {c.mode!r}")
     _require(c.positions in CPT_POSITIONS,
@@ -498,6 +508,24 @@ def validate(config: Config) -> None:
              f"cpt.reference_step and cpt.rope_base must be >= 0, got {c.reference_step} and "
              f"{c.rope_base}")
     validate_implementations(config)
+
+
+def validate_context_parallel(config: Config) -> None:
+    """mesh.context > 1: the sequence splits evenly and every mixer has a context-parallel op."""
+    context, a = config.mesh.context, config.attention
+    _require(config.data.seq_len % context == 0,
+             f"data.seq_len={config.data.seq_len} must be divisible by mesh.context={context} "
+             f"(each device holds seq_len / context tokens)")
+    if "attention" not in config.layer_kinds():
+        return
+    _require(a.kind in CONTEXT_PARALLEL_KINDS,
+             f"mesh.context={context} supports attention.kind in {CONTEXT_PARALLEL_KINDS} "
+             f"(ring attention), got {a.kind!r}")
+    _require(not a.dip_sum, f"mesh.context={context} does not support attention.dip_sum "
+                            f"(a dense-only op)")
+    _require(a.implementation is None,
+             f"attention.implementation={a.implementation!r} must be unset with "
+             f"mesh.context={context} (ring attention has a single XLA path)")
 
 
 def validate_implementations(config: Config) -> None:
@@ -518,16 +546,18 @@ def validate_implementations(config: Config) -> None:
                               f"(layer {index}): {error}") from None
 
 
-def validate_for_devices(config: Config, device_count: int) -> tuple[int, int, int]:
-    """(data, fsdp, tensor) mesh sizes for `device_count` devices, or ConfigError."""
+def validate_for_devices(config: Config, device_count: int) -> tuple[int, ...]:
+    """(data, fsdp, tensor) mesh sizes for `device_count` devices, with a fourth, context, when
+    mesh.context > 1 (train.sharding.make_mesh takes either); or ConfigError."""
     mesh = config.mesh
-    model_parallel = mesh.fsdp * mesh.tensor
+    model_parallel = mesh.fsdp * mesh.tensor * mesh.context
     _require(device_count % model_parallel == 0,
-             f"mesh.fsdp * mesh.tensor = {model_parallel} does not divide the {device_count} devices")
+             f"mesh.fsdp * mesh.tensor * mesh.context = {model_parallel} does not divide the "
+             f"{device_count} devices")
     data = device_count // model_parallel if mesh.data == -1 else mesh.data
     _require(data * model_parallel == device_count,
-             f"mesh data={data} x fsdp={mesh.fsdp} x tensor={mesh.tensor} = "
-             f"{data * model_parallel} devices, but {device_count} are available")
+             f"mesh data={data} x fsdp={mesh.fsdp} x tensor={mesh.tensor} x context="
+             f"{mesh.context} = {data * model_parallel} devices, but {device_count} are available")
     batch_shards = data * mesh.fsdp
     _require(config.data.batch_size % batch_shards == 0,
              f"data.batch_size={config.data.batch_size} must be divisible by "
@@ -536,4 +566,4 @@ def validate_for_devices(config: Config, device_count: int) -> tuple[int, int, i
     _require(micro_batch % batch_shards == 0,
              f"the micro-batch data.batch_size / train.grad_accum = {micro_batch} must be "
              f"divisible by mesh.data * mesh.fsdp = {batch_shards}")
-    return data, mesh.fsdp, mesh.tensor
+    return (data, mesh.fsdp, mesh.tensor) + ((mesh.context,) if mesh.context > 1 else ())

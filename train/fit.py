@@ -132,7 +132,8 @@ def _fit_locked(config: Config, run_dir: Path, hooks: FitHooks, mesh: Mesh | Non
         eval_dataset = make_split_dataset(config, tokenizer, "eval")
     mesh_shape = dict(session.mesh.shape)
     memory = estimate_train_memory(config, session.abstract_state, tokenizer.vocab_size,
-                                   (mesh_shape["data"], mesh_shape["fsdp"], mesh_shape["tensor"]))
+                                   (mesh_shape["data"], mesh_shape["fsdp"], mesh_shape["tensor"],
+                                    mesh_shape.get("context", 1)))
     memory_limit = device_memory_bytes()
     check_fits(config, memory, memory_limit)     # before anything is allocated or compiled
     checkpointer = ckpt.Checkpointer(
@@ -298,7 +299,8 @@ def _startup_report(config: Config, session: Session, run_dir: Path, bar: Progre
              if t.grad_accum > 1 else "")
     bar.message(f"devices: {len(devices)} x {devices[0].device_kind} ({devices[0].platform}), "
                 f"{jax.process_count()} process(es); mesh data={mesh['data']} "
-                f"fsdp={mesh['fsdp']} tensor={mesh['tensor']}")
+                f"fsdp={mesh['fsdp']} tensor={mesh['tensor']}"
+                + (f" context={mesh['context']}" if "context" in mesh else ""))
     bar.message(f"model: {params / 1e6:.3f}M parameters; tokens/step: {d.batch_size} x "
                 f"{d.seq_len} = {d.batch_size * d.seq_len}{micro}")
     bar.message(f"memory estimate: {estimate.describe()}"

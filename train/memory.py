@@ -4,7 +4,8 @@
                  split over the model-parallel devices: S / (fsdp * tensor)
     gradients    G = bytes of params / (fsdp * tensor)
     activations  A = tokens per device per micro-batch * a, with
-                 tokens = (data.batch_size / train.grad_accum) * data.seq_len / (data * fsdp)
+                 tokens = (data.batch_size / train.grad_accum) * data.seq_len
+                          / (data * fsdp * context)      (context: mesh.context, time split)
                  a = c * (sum over layers of w_layer) + 2 * V * 4         bytes per token
                  w_layer = 4 d + (|q| + |k| + |v| + |out|) + 2 mlp   (the values one block
                  keeps for its backward: norms, residuals, the mixer's q/k/v/output (4 H Dh
@@ -94,15 +95,15 @@ def activation_bytes_per_token(config: Config, vocab_size: int) -> int:
 
 
 def estimate_train_memory(config: Config, abstract_state, vocab_size: int,
-                          mesh_shape: tuple[int, int, int]) -> MemoryEstimate:
-    """mesh_shape: (data, fsdp, tensor) sizes. abstract_state: {"params", "opt_state", ...}
-    of ShapeDtypeStructs (Session.abstract_state)."""
-    data, fsdp, tensor = mesh_shape
+                          mesh_shape: tuple[int, ...]) -> MemoryEstimate:
+    """mesh_shape: (data, fsdp, tensor[, context]) sizes. abstract_state: {"params",
+    "opt_state", ...} of ShapeDtypeStructs (Session.abstract_state)."""
+    data, fsdp, tensor, context = (*mesh_shape, 1)[:4]
     model_parallel = fsdp * tensor
     params = _nbytes(abstract_state["params"])
     state = params + _nbytes(abstract_state["opt_state"])
     micro_batch = config.data.batch_size // config.train.grad_accum
-    tokens = -(-micro_batch * config.data.seq_len // (data * fsdp))
+    tokens = -(-micro_batch * config.data.seq_len // (data * fsdp * context))
     return MemoryEstimate(state_bytes=-(-state // model_parallel),
                           gradient_bytes=-(-params // model_parallel),
                           activation_bytes_per_token=activation_bytes_per_token(config,

@@ -28,7 +28,7 @@ from fpa_jax import layers
 from gdn_jax.layer import GatedDeltaNet
 from train.config import Config
 from train.moe import MoEFeedForward
-from train.sharding import LOGICAL_AXIS_RULES
+from train.sharding import activation_rules
 
 ACTIVATION_AXES = ("batch", "length", "embed")
 LOGIT_AXES = ("batch", "length", "vocab")
@@ -39,9 +39,10 @@ def constrain(x: jax.Array, logical_axes: tuple[str, ...]) -> jax.Array:
 
     The rules are passed explicitly rather than installed globally: with global rules, Flax
     re-applies each param's logical constraint inside its shape check, which breaks
-    DenseGeneral kernels (initialised flat, then reshaped).
+    DenseGeneral kernels (initialised flat, then reshaped). With a "context" mesh axis the
+    rules split "length" over it (`activation_rules`).
     """
-    return nn.with_logical_constraint(x, logical_axes, rules=LOGICAL_AXIS_RULES)
+    return nn.with_logical_constraint(x, logical_axes, rules=activation_rules())
 
 
 def _dtype(name: str) -> Any:

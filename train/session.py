@@ -119,7 +119,8 @@ def build_session(config: Config, vocab_size: int, mesh: Mesh | None = None) -> 
     model = build_model(config, vocab_size)
     optimizer = build_optimizer(config.optim, config.train.steps)
     schedule = learning_rate_schedule(config.optim, config.train.steps)
-    dummy = jnp.zeros((1, min(config.data.seq_len, 16)), jnp.int32)
+    # a length that splits over mesh.context (the init traces the context-parallel mixers)
+    dummy = jnp.zeros((1, min(config.data.seq_len, 16 * config.mesh.context)), jnp.int32)
 
     def init_boxed(key):
         return model.init(key, dummy, jnp.ones_like(dummy))["params"]

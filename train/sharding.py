@@ -1,12 +1,18 @@
 """Device mesh, the one logical-axis rules table, and the shardings of params, state and batches.
 
-    mesh axes            ("data", "fsdp", "tensor"), sizes from config.mesh, all AxisType.Auto
+    mesh axes            ("data", "fsdp", "tensor"), sizes from config.mesh, all AxisType.Auto;
+                         with mesh.context = n > 1 a fourth axis "context" (size n)
     logical -> mesh      batch -> ("data", "fsdp"); embed -> fsdp; vocab, mlp, heads,
                          heads_x_dim, v_heads -> tensor; expert (MoE) -> data;
                          everything else replicated
     param [d_0..d_n]     NamedSharding(mesh, P(rule(axis_0), ..., rule(axis_n))); a mesh axis that
                          does not divide its dimension is dropped (that dimension is replicated)
     batch [B, T+1]       P(("data", "fsdp"), None): each process feeds its rows, B / process_count
+    context axis         activation rules map "length" -> "context" (`activation_rules`): the
+                         activations [B, T, ...] are split along time, every per-token op
+                         (embedding, norms, MLP, loss) runs on the device's stretch, and the
+                         mixers run their context-parallel ops (kernels_pallas/context_shard.py);
+                         the int32 batch [B, T+1] (T+1 tokens do not split) stays whole along it
 
 The rules are applied in order and a mesh axis is used once per array, so activations
 ("batch", "length", "embed") shard the batch over data x fsdp and leave embed whole.
@@ -22,9 +28,9 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-from kernels_pallas import shard
+from kernels_pallas import context_shard, shard
 
-MESH_AXES = ("data", "fsdp", "tensor")
+MESH_AXES = ("data", "fsdp", "tensor", context_shard.CONTEXT_AXIS)   # context: only when > 1
 BATCH_MESH_AXES = shard.BATCH_AXES      # the mixers' ops split rows and heads the same way
 LOGICAL_AXIS_RULES: tuple[tuple[str, Any], ...] = (
     ("batch", BATCH_MESH_AXES),
@@ -64,14 +70,28 @@ def maybe_initialize_distributed() -> bool:
     return False
 
 
-def make_mesh(sizes: tuple[int, int, int], devices: Any = None) -> Mesh:
-    """A ("data", "fsdp", "tensor") mesh with Auto axis types (sizes from validate_for_devices)."""
+def make_mesh(sizes: tuple[int, ...], devices: Any = None) -> Mesh:
+    """A ("data", "fsdp", "tensor") mesh, or ("data", "fsdp", "tensor", "context") for four
+    sizes, with Auto axis types (sizes from validate_for_devices)."""
     devices = jax.devices() if devices is None else devices
+    if len(sizes) not in (len(MESH_AXES) - 1, len(MESH_AXES)):
+        raise ValueError(f"make_mesh: sizes must be (data, fsdp, tensor[, context]), got {sizes}")
     if int(np.prod(sizes)) != len(devices):
         raise ValueError(f"make_mesh: sizes {sizes} need {int(np.prod(sizes))} devices, "
                          f"got {len(devices)}")
-    return jax.make_mesh(tuple(sizes), MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES),
+    axes = MESH_AXES[:len(sizes)]
+    return jax.make_mesh(tuple(sizes), axes, axis_types=(AxisType.Auto,) * len(axes),
                          devices=devices)
+
+
+def activation_rules() -> tuple[tuple[str, Any], ...]:
+    """LOGICAL_AXIS_RULES for activations under the mesh in scope: "length" -> "context" when
+    that mesh has a context axis, else the table as it is."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh is None or mesh.empty or context_shard.CONTEXT_AXIS not in mesh.axis_names:
+        return LOGICAL_AXIS_RULES
+    return tuple((name, context_shard.CONTEXT_AXIS if name == "length" else axes)
+                 for name, axes in LOGICAL_AXIS_RULES)
 
 
 def mesh_context(mesh: Mesh):

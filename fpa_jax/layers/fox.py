@@ -15,7 +15,7 @@ from flax import linen as nn
 
 from fpa_jax.baselines.fox import fox_attention
 from fpa_jax.layers import common
-from kernels_pallas import shard
+from kernels_pallas import context_shard, shard
 
 Dtype = Any
 
@@ -58,8 +58,12 @@ class FoXAttention(nn.Module):
         forget_init = common.constant_vector_init(np.log(forget / (1.0 - forget)))
         forget_logit = common.per_head_scalar_map(self, x, "forget_proj", forget_init)
         log_forget = jax.nn.log_sigmoid(forget_logit)
-        out = shard.shard_batch_and_heads(
-            fox_attention, q, k, v, log_forget, layouts=shard.FOX_LAYOUTS,
-            scale=common.attention_scale(self.head_dim), segment_ids=segment_ids,
-            implementation=self.implementation)
+        scale = common.attention_scale(self.head_dim)
+        if context_shard.context_size() > 1:
+            out = context_shard.fox_attention(q, k, v, log_forget, scale=scale,
+                                              segment_ids=segment_ids)
+        else:
+            out = shard.shard_batch_and_heads(
+                fox_attention, q, k, v, log_forget, layouts=shard.FOX_LAYOUTS, scale=scale,
+                segment_ids=segment_ids, implementation=self.implementation)
         return common.output_projection(self, out, x.shape[-1])

@@ -22,7 +22,7 @@ from fpa_jax.baselines.softmax import softmax_attention
 from fpa_jax.fpa.api import fpa_attention
 from fpa_jax.fpa.fields import fields
 from fpa_jax.layers import common
-from kernels_pallas import shard
+from kernels_pallas import context_shard, shard
 
 Dtype = Any
 
@@ -115,9 +115,13 @@ class FPAAttention(nn.Module):
 
         if not self.use_bias:
             q, k, v = common.head_projections(self, x, ("query", "key", "value"))
-            out = shard.shard_batch_and_heads(
-                softmax_attention, q, k, v, layouts=shard.SOFTMAX_LAYOUTS, scale=scale,
-                segment_ids=segment_ids, implementation=self.implementation)
+            if context_shard.context_size() > 1:
+                out = context_shard.softmax_attention(q, k, v, scale=scale,
+                                                      segment_ids=segment_ids)
+            else:
+                out = shard.shard_batch_and_heads(
+                    softmax_attention, q, k, v, layouts=shard.SOFTMAX_LAYOUTS, scale=scale,
+                    segment_ids=segment_ids, implementation=self.implementation)
             return common.output_projection(self, out, x.shape[-1])
 
         if self.content:
@@ -147,6 +151,10 @@ class FPAAttention(nn.Module):
         if self.dip_sum:
             out = dipsum_attention(q, k, v, phi, psi, beta, scale=scale, segment_ids=segment_ids,
                                    implementation=self.implementation)
+        elif context_shard.context_size() > 1:   # the walk again, over the devices of the ring
+            out = context_shard.fpa_attention(
+                q, k, v, delta, g, h, beta, scale=scale, tau=self.tau, segment_ids=segment_ids,
+                query_level=self.query_level, content=self.content)
         else:
             out = shard.shard_batch_and_heads(
                 fpa_attention, q, k, v, phi, psi, beta, layouts=shard.FPA_LAYOUTS, scale=scale,

@@ -17,7 +17,7 @@ from fpa_jax.baselines.rope import alibi_slopes
 from fpa_jax.baselines.rope_scaling import YarnScaling, rotate_yarn
 from fpa_jax.baselines.softmax import softmax_attention
 from fpa_jax.layers import common
-from kernels_pallas import shard
+from kernels_pallas import context_shard, shard
 
 Dtype = Any
 
@@ -54,10 +54,14 @@ class SoftmaxAttention(nn.Module):
         else:
             q, k, v = _yarn_projections(self, x, segment_ids, positions)
         slopes = alibi_slopes(self.num_heads) if self.position == "alibi" else None
-        out = shard.shard_batch_and_heads(
-            softmax_attention, q, k, v, layouts=shard.SOFTMAX_LAYOUTS,
-            scale=common.attention_scale(self.head_dim), segment_ids=segment_ids,
-            alibi_slopes=slopes, implementation=self.implementation)
+        scale = common.attention_scale(self.head_dim)
+        if context_shard.context_size() > 1:
+            out = context_shard.softmax_attention(q, k, v, scale=scale, segment_ids=segment_ids,
+                                                  alibi_slopes=slopes)
+        else:
+            out = shard.shard_batch_and_heads(
+                softmax_attention, q, k, v, layouts=shard.SOFTMAX_LAYOUTS, scale=scale,
+                segment_ids=segment_ids, alibi_slopes=slopes, implementation=self.implementation)
         return common.output_projection(self, out, x.shape[-1])
 
 

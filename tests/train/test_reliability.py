@@ -83,6 +83,8 @@ def test_memory_estimate_scales_and_refuses_what_cannot_fit():
     assert estimate_for("model.num_layers=4", "model.remat=true").activation_bytes < deep
     assert estimate_train_memory(config, session.abstract_state, 257,
                                  (2, 1, 1)).tokens_per_device == 16
+    assert estimate_train_memory(config, session.abstract_state, 257,
+                                 (1, 1, 1, 4)).tokens_per_device == 8   # time split over context
 
     check_fits(config, estimate, None)                         # CPU: nothing to compare to
     check_fits(config, estimate, estimate.total_bytes)
