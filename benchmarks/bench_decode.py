@@ -9,7 +9,8 @@ preset name (configs/, random init, uniformly random tokens, with the --set over
 tiny sizes on a CPU). Default: fpa_125m fox_125m softmax_rope_125m gdn_125m.
 
 1. Eviction (models whose attention is FPA or FoX), per context T, on loss-batch rows of T
-   tokens, every layer's attention computed densely per head with a key mask:
+   tokens, every layer's attention computed per head and query block with a key mask
+   (train/generate/eviction_study.py, O(T * block) memory):
        full      every causal key of the same document
        evict     keys with b_ts >= evict_below (exactly what the decoding cache keeps: the bias
                  never rises, so a key is gone at t iff b_ts fell below the threshold)

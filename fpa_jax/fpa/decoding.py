@@ -16,6 +16,10 @@ levels make b_ts depend on psi_t, which can rise again: eviction is refused ther
 
 Shapes: q_t, k_t [B, H, D]; v_t [B, H, Dv]; phi_t, psi_t [B, H]; beta [H]; prefix arrays
 k [B, T, H, D], v [B, T, H, Dv], phi, psi [B, T, H]; out_t [B, H, Dv] in q_t's dtype.
+
+After a prefix of T tokens (prefill_cache) the states are r_s = min_{s<u<T} phi_u (a reverse
+cumulative minimum) and r_s = sum_{s<u<T} min(0, phi_u - psi_s) (a scan over blocks of u,
+[B, block, T, H] at a time: O(T * block) memory).
 """
 
 from __future__ import annotations
@@ -93,13 +97,35 @@ def decode_step(cache, q_t, k_t, v_t, phi_t, psi_t, beta, *, scale=None, evict_b
     return out, cache
 
 
-def prefix_scalars(phi, psi, *, dip_sum=False):
-    """(level, running) [B, T, H] float32 of every key s after the last token T-1 of a prefix."""
+def _dip_totals(phi, psi, block):
+    """sum_{s < u < T} min(0, phi_u - psi_s) [B, T, H]: a scan over blocks of `block` u, each
+    adding its [B, block, T, H] dips (O(T * block) memory); phi, psi float32 [B, T, H]."""
+    batch, length, heads = phi.shape
+    block = max(1, min(block, length))
+    count = -(-length // block)
+    phi_blocks = jnp.pad(phi, ((0, 0), (0, count * block - length), (0, 0)))
+    phi_blocks = jnp.moveaxis(phi_blocks.reshape(batch, count, block, heads), 1, 0)
+    keys = jnp.arange(length)
+
+    def add_block(total, inputs):
+        u0, phi_u = inputs                                                 # phi_u [B, block, H]
+        tokens = u0 + jnp.arange(block)
+        later = (tokens[:, None] > keys[None, :]) & (tokens < length)[:, None]   # [u, s]
+        dips = jnp.minimum(0.0, phi_u[:, :, None, :] - psi[:, None, :, :])  # [B, u, s, H]
+        return total + jnp.sum(jnp.where(later[None, :, :, None], dips, 0.0), axis=1), None
+
+    total, _ = lax.scan(add_block, jnp.zeros_like(psi), (jnp.arange(count) * block, phi_blocks))
+    return total
+
+
+def prefix_scalars(phi, psi, *, dip_sum=False, block=128):
+    """(level, running) [B, T, H] float32 of every key s after the last token T-1 of a prefix;
+    O(T * block) memory (the dip sums in blocks of `block` later tokens u)."""
+    if isinstance(block, bool) or not isinstance(block, int) or block < 1:
+        raise ValueError(f"block: expected a positive int, got {block!r}")
     phi, psi = phi.astype(jnp.float32), psi.astype(jnp.float32)
     if dip_sum:
-        later = jnp.arange(phi.shape[1])[:, None] > jnp.arange(phi.shape[1])[None, :]  # [u, s]
-        dips = jnp.minimum(0.0, phi[:, :, None, :] - psi[:, None, :, :])             # [B,u,s,H]
-        return psi, jnp.sum(jnp.where(later[None, :, :, None], dips, 0.0), axis=1)
+        return psi, _dip_totals(phi, psi, block)
     suffix_min = lax.cummin(phi, axis=1, reverse=True)                 # min_{u >= s} phi_u
     running = jnp.concatenate([suffix_min[:, 1:], jnp.full_like(phi[:, :1], BIG)], axis=1)
     return psi, running

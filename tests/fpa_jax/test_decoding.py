@@ -11,7 +11,7 @@ from flax import linen as nn
 from fpa_jax import fields, fpa_bias
 from fpa_jax.decode import additive, slots
 from fpa_jax.decode import layers as layer_decoding
-from fpa_jax.fpa.decoding import decode_step, init_cache, live_fraction
+from fpa_jax.fpa.decoding import decode_step, init_cache, live_fraction, prefix_scalars
 from fpa_jax.layers import FoXAttention, FPAAttention, SoftmaxAttention
 from tests.seeds import case_seed
 
@@ -67,6 +67,29 @@ def test_eviction_removes_exactly_the_keys_below_the_threshold_and_reuses_their_
     weights = jax.nn.softmax(jnp.where(bias >= THRESHOLD, scores, -jnp.inf), axis=-1)
     dense = jnp.einsum("bhts,bshd->bthd", weights, v)
     np.testing.assert_allclose(decoded, dense, atol=2e-5, rtol=1e-5, err_msg=f"seed {seed}")
+
+
+def test_prefix_scalars_in_blocks_equal_the_dense_formulas():
+    seed = case_seed(6)
+    for length, block in ((37, 8), (37, 128), (1, 4), (16, 8)):   # short last block; one; T=1; exact
+        _, _, _, phi, psi, _ = make_inputs(seed + length + block, length=length)
+        phi64, psi64 = np.asarray(phi, np.float64), np.asarray(psi, np.float64)
+        later = np.arange(length)[:, None] > np.arange(length)[None, :]            # [u, s]
+        dips = np.minimum(0.0, phi64[:, :, None, :] - psi64[:, None, :, :])       # [B, u, s, H]
+        dip_sums = np.where(later[None, :, :, None], dips, 0.0).sum(axis=1)
+        range_mins = np.where(later[None, :, :, None], phi64[:, :, None, :], np.inf).min(axis=1)
+        message = f"T={length}, block={block}, seed {seed}"
+        level, running = jax.jit(lambda a, b: prefix_scalars(a, b, dip_sum=True, block=block))(
+            phi, psi)
+        np.testing.assert_array_equal(level, psi, err_msg=message)
+        np.testing.assert_allclose(running, dip_sums, atol=1e-4, rtol=1e-5, err_msg=message)
+        _, running = prefix_scalars(phi, psi, block=block)
+        last = np.isinf(range_mins)                        # the last key: no later token yet
+        np.testing.assert_array_equal(np.where(last, 0.0, running),
+                                      np.where(last, 0.0, range_mins), err_msg=message)
+        assert last[:, -1].all() and (np.asarray(running)[last] >= 1e29).all(), message
+    with pytest.raises(ValueError, match="block"):
+        prefix_scalars(phi, psi, dip_sum=True, block=0)
 
 
 def test_fox_rule_evicts_exactly_below_the_threshold():

@@ -9,12 +9,17 @@ import numpy as np
 import pytest
 from flax import linen as nn
 
+from fpa_jax import fpa_bias
+from fpa_jax.baselines.dipsum import dip_sum_bias
+from fpa_jax.decode import layers as attention
 from fpa_jax.decode import slots
+from fpa_jax.layers import FoXAttention, FPAAttention
+from fpa_jax.layers.common import attention_scale
 from train.cli import main
 from train.config import load_config
 from train.generate import mixers
 from train.generate.driver import CacheFullError, Generator, planned_capacity
-from train.generate.eviction_study import masked_logits
+from train.generate.eviction_study import masked_attention, masked_logits
 from train.generate.lm import Decoder
 from train.generate.sampling import SamplingConfig, sample
 from train.model import build_model
@@ -88,12 +93,90 @@ def test_decoding_with_eviction_equals_the_dense_study_with_those_keys_masked():
     params = fast_decay(params, rate=-4.0)
     tokens = jax.random.randint(jax.random.PRNGKey(seed), (2, 10), 0, VOCAB)
     decoder = Decoder(model, evict_below=-10.0)
-    study, counts = jax.jit(lambda p, t: masked_logits(decoder, p, t, jnp.ones_like(t), "evict",
-                                                       -10.0, 0))(params, tokens)
-    (kept, causal), = counts
-    assert int(kept[:, -1].sum()) < int(causal[:, -1].sum())      # keys were evicted
-    np.testing.assert_allclose(decode_logits(decoder, params, tokens, 1), study, atol=1e-4,
-                               rtol=1e-4, err_msg=f"seed {seed}")
+    decoded = decode_logits(decoder, params, tokens, 1)
+    for block in (128, 3):                            # one query block; four, the last short
+        study, counts = jax.jit(lambda p, t: masked_logits(
+            decoder, p, t, jnp.ones_like(t), "evict", -10.0, 0, block=block))(params, tokens)
+        (kept, causal), = counts
+        assert int(kept[:, -1].sum()) < int(causal[:, -1].sum())      # keys were evicted
+        np.testing.assert_allclose(decoded, study, atol=1e-4, rtol=1e-4,
+                                   err_msg=f"seed {seed}, block {block}")
+
+
+ORACLE_LAYERS = {
+    "fpa": FPAAttention(num_heads=2, head_dim=4, implementation="reference"),
+    "fpa_query_level": FPAAttention(num_heads=2, head_dim=4, query_level=True,
+                                    implementation="reference"),
+    "fpa_dip_sum": FPAAttention(num_heads=2, head_dim=4, dip_sum=True,
+                                implementation="reference"),
+    "fox": FoXAttention(num_heads=2, head_dim=4, implementation="reference"),
+}
+
+
+def dense_bias(layer, params, x):
+    """[B, H, T, T] bias of every (query, key) pair from the dense references (test oracle)."""
+    if attention.is_fpa_bias(layer):
+        delta, g, h = attention.fpa_scalars(layer, params, x)
+        walk = jnp.cumsum(delta, axis=1)
+        beta = jax.nn.softplus(params["rho"])
+        if layer.dip_sum:
+            return dip_sum_bias(walk + g, walk + h, beta)
+        return fpa_bias(walk + g, walk + h, beta, query_level=layer.query_level)  # -inf: s > t
+    total = jnp.moveaxis(jnp.cumsum(attention.additive_increments(layer, params, x), 1), 2, 1)
+    return total[..., :, None] - total[..., None, :]
+
+
+def dense_masked_attention(layer, params, x, segment_ids, mode, evict_below, window):
+    """masked_attention's results with every [B, H, T, T] array materialised (test oracle)."""
+    q, k, v = attention.qkv(layer, params, x)
+    bias = dense_bias(layer, params, x)
+    position = jnp.arange(x.shape[1])
+    valid = ((position[:, None] >= position[None, :])
+             & (segment_ids[:, None, :, None] == segment_ids[:, None, None, :]))  # [B, 1, T, T]
+    keep = jnp.broadcast_to(valid, bias.shape)
+    if mode == "evict" and attention.eviction(layer, evict_below) is not None:
+        keep = keep & (bias >= evict_below)
+    if mode == "window":
+        keep = keep & (position[:, None] - position[None, :] < window)
+    logits = bias + attention_scale(layer.head_dim) * jnp.einsum("bthd,bshd->bhts", q, k)
+    weights = jax.nn.softmax(jnp.where(keep, logits, -jnp.inf), axis=-1)
+    out = jnp.einsum("bhts,bshd->bthd", weights, v)
+    return attention.output(layer, params, out), (keep.sum((1, 3)),
+                                                  bias.shape[1] * valid.sum((1, 3)))
+
+
+@pytest.mark.parametrize("name", sorted(ORACLE_LAYERS))
+def test_blockwise_masked_attention_equals_the_dense_per_head_oracle(name):
+    layer, seed = ORACLE_LAYERS[name], case_seed(40 + sorted(ORACLE_LAYERS).index(name))
+    batch, length, width, block, window = 2, 37, 8, 8, 6       # 5 blocks, the last one short
+    keys = jax.random.split(jax.random.PRNGKey(seed), 4)
+    x = jax.random.normal(keys[0], (batch, length, width))
+    params = nn.meta.unbox(layer.init(keys[1], x)["params"])
+    leaves, tree = jax.tree.flatten(params)   # perturbed: the zero-initialised maps depend on x
+    noise = jax.random.split(keys[2], len(leaves))
+    params = jax.tree.unflatten(tree, [p + 0.5 * jax.random.normal(n, p.shape)
+                                       for p, n in zip(leaves, noise)])
+    cut = int(jax.random.randint(keys[3], (), 5, length - 5))           # two documents
+    segment_ids = jnp.broadcast_to(1 + (jnp.arange(length) >= cut), (batch, length))
+    # a threshold halfway between two neighbouring bias values: no pair sits on it
+    causal = np.asarray(dense_masked_attention(layer, params, x, segment_ids, "full", None,
+                                               0)[1][1])
+    values = np.unique(np.asarray(dense_bias(layer, params, x))[:, :, *np.tril_indices(length)])
+    middle = len(values) // 2
+    threshold = float(values[middle - 1] + values[middle]) / 2
+    for mode in ("full", "evict", "window"):
+        blockwise = jax.jit(lambda x: masked_attention(layer, params, x, segment_ids, mode,
+                                                       threshold, window, block=block))(x)
+        dense = dense_masked_attention(layer, params, x, segment_ids, mode, threshold, window)
+        message = f"{name}, {mode}, seed {seed}"
+        np.testing.assert_allclose(blockwise[0], dense[0], atol=2e-5, rtol=2e-5, err_msg=message)
+        for got, expected in zip(blockwise[1], dense[1]):
+            np.testing.assert_array_equal(got, expected, err_msg=message)
+        np.testing.assert_array_equal(blockwise[1][1], causal, err_msg=message)
+        evicting = mode == "window" or (mode == "evict" and name != "fpa_query_level")
+        assert (int(blockwise[1][0].sum()) < int(causal.sum())) == evicting, message
+    with pytest.raises(ValueError, match="block"):
+        masked_attention(layer, params, x, segment_ids, "full", None, 0, block=0)
 
 
 def test_greedy_generation_is_deterministic_and_follows_the_parallel_argmax():
