@@ -177,3 +177,13 @@ def test_staged_extension_shifts_once_per_stage(tmp_path, environment):
     assert report["runs"][0]["distances"] == [11, 39]
     for name in ("slow_band.png", "spectrum_layers_0.png", "compare_layers_0.png"):
         assert (tmp_path / "sp" / name).read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "configs" / "stages").glob("*.yaml")),
+                         ids=lambda p: p.stem)
+def test_every_shipped_curriculum_plans(path, tmp_path):
+    """Each preset curriculum parses and every stage's config validates (nothing runs)."""
+    from train.stages import load_curriculum, plan
+    curriculum = load_curriculum(str(path))
+    planned = plan(curriculum, tmp_path, reference=str(tmp_path / "pretrained"))
+    assert [p.stage.name for p in planned] == [s.name for s in curriculum.stages]
