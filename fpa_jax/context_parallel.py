@@ -158,7 +158,11 @@ def _block_attention(query, keys, rows, valid, *, diagonal, scale, content, bias
     if query["segment"] is not None:
         mask = mask & (query["segment"][:, None, :, None] == keys["segment"][:, None, None, :])
     logits = jnp.where(mask, logits, MASKED_LOGIT)
-    row_max = logits.max(-1, keepdims=True)
+    # the shift cancels in out and lse, so it is not differentiated: reduce_max's JVP divides by
+    # the count of entries equal to the max, found by recomparing recomputed logits, and XLA
+    # CPU at --xla_backend_optimization_level=0 rounds the copies of a fusion differently (a
+    # count of 0: inf dq, dk)
+    row_max = lax.stop_gradient(logits.max(-1, keepdims=True))
     probs = jnp.exp(logits - row_max)
     row_sum = probs.sum(-1)
     out = jnp.einsum("bhts,bshd->bthd", probs, keys["v"].astype(jnp.float32))

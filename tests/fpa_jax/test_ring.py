@@ -3,7 +3,8 @@
 The multi-device checks run in one subprocess with
 XLA_FLAGS=--xla_force_host_platform_device_count=8 (the flag must be set before JAX starts):
 outputs and gradients of every float input, FPA's straight-through soft-minimum gradient
-included.
+included. A second subprocess (4 devices) runs each ring alone, B=1 without segment ids, at
+XLA's CPU optimisation level 0 (where the softmax shift's gradient once gave inf dq, dk).
 """
 
 import textwrap
@@ -116,6 +117,74 @@ def test_ring_attention_matches_unsplit_values_and_gradients():
     for case, errors in result.items():
         for name, error in errors.items():
             assert error < 1e-4, (case, name, error)   # relative to the largest entry
+
+
+# The report this guards against: ring_fox_attention alone (B=1, no segment ids) had inf dq, dk
+# at --xla_backend_optimization_level=0 on CPU. Cause: the gradient of the softmax row maximum
+# (reduce_max's JVP divides by the number of entries equal to the maximum) where XLA recomputes
+# the logits in separate fusions that round differently at level 0, so no entry matched: 1 / 0.
+# Fixed by not differentiating the shift (lse and the output do not depend on it).
+RING_ALONE_SCRIPT = textwrap.dedent("""
+    import json, sys
+    import jax, jax.numpy as jnp, numpy as np
+    from jax.sharding import PartitionSpec as P
+    from fpa_jax import fox_attention
+    from fpa_jax.fpa.reference import fpa_attention_reference
+    from fpa_jax.context_parallel import ring_fox_attention, ring_fpa_attention
+
+    TIME = P(None, "context")
+    rng = np.random.default_rng(int(sys.argv[1]))
+    f32 = lambda *shape, s=1.0: jnp.asarray(s * rng.standard_normal(shape), jnp.float32)
+    B, T, H, D, DEVICES = 1, 32, 2, 8, 4
+    mesh = jax.make_mesh((DEVICES,), ("context",), axis_types=(jax.sharding.AxisType.Auto,),
+                         devices=jax.devices()[:DEVICES])
+    q, k, v, weights = (f32(B, T, H, D) for _ in range(4))
+    log_forget = -jnp.abs(f32(B, T, H, s=0.5))
+    phi = jnp.cumsum(f32(B, T, H, s=2.0), axis=1)
+    psi = phi + f32(B, T, H)
+    beta = jnp.asarray(rng.uniform(0.3, 2.0, H), jnp.float32)
+
+    def fox_split(*args):
+        local = lambda *a: ring_fox_attention(*a, axis_name="context", scale=0.3)
+        return jax.shard_map(local, mesh=mesh, in_specs=(TIME,) * 4, out_specs=TIME)(*args)
+
+    def fpa_split(*args):
+        local = lambda *a: ring_fpa_attention(*a, axis_name="context", scale=0.3, tau=0.7)
+        return jax.shard_map(local, mesh=mesh, in_specs=(TIME,) * 5 + (P(),),
+                             out_specs=TIME)(*args)
+
+    def grads(fn, args, options):
+        loss = lambda *a: jnp.sum(weights * fn(*a))
+        return jax.jit(jax.grad(loss, argnums=tuple(range(len(args)))),
+                       compiler_options=options)(*args)
+
+    # FPA's ring at the default level: tests/train/test_context_parallel_trainer.py (compile time)
+    cases = {
+        "fox": ((q, k, v, log_forget), ("q", "k", "v", "log_forget"), fox_split,
+                lambda *a: fox_attention(*a, scale=0.3, implementation="reference"), (0, None)),
+        "fpa": ((q, k, v, phi, psi, beta), ("q", "k", "v", "phi", "psi", "beta"), fpa_split,
+                lambda *a: fpa_attention_reference(*a, scale=0.3, tau=0.7), (0,)),
+    }
+    result = {}
+    for case, (args, names, split, unsplit, levels) in cases.items():
+        want = grads(unsplit, args, {})
+        for level in levels:
+            options = {} if level is None else {"xla_backend_optimization_level": level}
+            got = grads(split, args, options)
+            result[f"{case} level {level}"] = {
+                name: float(jnp.max(jnp.abs(g - w)) / jnp.max(jnp.abs(w)))
+                for name, g, w in zip(names, got, want)}
+    print("RESULT " + json.dumps(result))
+""")
+
+
+def test_ring_alone_has_exact_gradients_at_cpu_optimisation_level_0():
+    result = run_on_cpu_devices(RING_ALONE_SCRIPT, str(case_seed(122)), devices=4)
+    assert set(result) == {"fox level 0", "fox level None", "fpa level 0"}
+    for case, errors in result.items():
+        assert len(errors) == (4 if case.startswith("fox") else 6), case
+        for name, error in errors.items():
+            assert error < 1e-4, (case, name, error)   # an inf or NaN gradient fails here too
 
 
 @pytest.mark.parametrize("ring", ["fpa", "fox"])

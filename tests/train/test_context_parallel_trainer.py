@@ -12,9 +12,7 @@ FPA + GDN model ("GA") and a FoX model, float32, on data 1 x fsdp 2 x tensor 1 x
     "context" (the equality alone would also hold if everything were gathered);
   * softmax attention with ALiBi through the FoX ring (the path of the softmax layer and of
     FPA's no-bias layers) equals the dense op, values and gradients.
-The config checks run in process. The subprocess keeps XLA's default CPU optimisation level:
-at --xla_backend_optimization_level=0 the ring's dq and dk come out inf (seen with
-fpa_jax.context_parallel.ring_fox_attention alone, B=1, no segment ids).
+The config checks run in process; the 8-device checks in one subprocess (tests/devices.py).
 """
 
 import textwrap
