@@ -566,4 +566,9 @@ def validate_for_devices(config: Config, device_count: int) -> tuple[int, ...]:
     _require(micro_batch % batch_shards == 0,
              f"the micro-batch data.batch_size / train.grad_accum = {micro_batch} must be "
              f"divisible by mesh.data * mesh.fsdp = {batch_shards}")
+    # checkify cannot trace the mixers' shard_map (jax 0.11: "context mesh ... should match
+    # the aval mesh"), which every mesh of more than one device uses
+    _require(not config.train.check_ranges or device_count == 1,
+             f"train.check_ranges=true runs on one device only, got {device_count} devices "
+             f"(the checked step cannot trace the mixers' shard_map)")
     return (data, mesh.fsdp, mesh.tensor) + ((mesh.context,) if mesh.context > 1 else ())

@@ -11,6 +11,9 @@
                  keeps for its backward: norms, residuals, the mixer's q/k/v/output (4 H Dh
                  for attention, 2 H K + 2 HV V for GDN), MLP hidden), or d with model.remat
                  (only the block input; one block's w_layer is live while it recomputes);
+                 with context > 1 an attention layer adds (context - 1) 2 H Dh: its ring's
+                 backward keeps the key and value blocks received from the other context - 1
+                 devices (fpa_jax/context_parallel.py), O(T) per device, not O(T / context)
                  c = bytes of the compute dtype; 2 V float32 per token: the logits and
                  their gradient
     estimate     S + G + A per device
@@ -72,9 +75,9 @@ def _nbytes(tree) -> int:
     return int(sum(np.prod(x.shape) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree)))
 
 
-def _layer_width(config: Config, kind: str) -> int:
-    if kind == "attention":
-        mixer = 4 * config.attention.num_heads * config.attention.head_dim
+def _layer_width(config: Config, kind: str, context: int) -> int:
+    if kind == "attention":   # q, k, v, out; with context > 1 the other devices' k, v blocks
+        mixer = (4 + 2 * (context - 1)) * config.attention.num_heads * config.attention.head_dim
     else:
         g = config.gdn
         mixer = 2 * g.num_heads * g.head_dim + 2 * (g.num_v_heads or g.num_heads) * (
@@ -82,11 +85,12 @@ def _layer_width(config: Config, kind: str) -> int:
     return 4 * config.model.d_model + mixer + 2 * config.mlp_dim()
 
 
-def activation_bytes_per_token(config: Config, vocab_size: int) -> int:
-    """a of the module doc; vocab_size: the tokenizer's (padded as the model pads it)."""
+def activation_bytes_per_token(config: Config, vocab_size: int, context: int = 1) -> int:
+    """a of the module doc; vocab_size: the tokenizer's (padded as the model pads it);
+    context: the size of the mesh's context axis."""
     vocab_size = resolve_vocab_size(config, vocab_size)
     compute = _DTYPE_BYTES[config.model.dtype]
-    widths = [_layer_width(config, kind) for kind in config.layer_kinds()]
+    widths = [_layer_width(config, kind, context) for kind in config.layer_kinds()]
     if config.model.remat:
         kept = config.model.d_model * len(widths) + max(widths)
     else:
@@ -98,6 +102,10 @@ def estimate_train_memory(config: Config, abstract_state, vocab_size: int,
                           mesh_shape: tuple[int, ...]) -> MemoryEstimate:
     """mesh_shape: (data, fsdp, tensor[, context]) sizes. abstract_state: {"params",
     "opt_state", ...} of ShapeDtypeStructs (Session.abstract_state)."""
+    if len(mesh_shape) not in (3, 4) or any(not isinstance(n, (int, np.integer)) or n < 1
+                                              for n in mesh_shape):
+        raise ValueError(f"mesh_shape: expected (data, fsdp, tensor[, context]) positive ints, "
+                         f"got {mesh_shape!r}")
     data, fsdp, tensor, context = (*mesh_shape, 1)[:4]
     model_parallel = fsdp * tensor
     params = _nbytes(abstract_state["params"])
@@ -106,8 +114,8 @@ def estimate_train_memory(config: Config, abstract_state, vocab_size: int,
     tokens = -(-micro_batch * config.data.seq_len // (data * fsdp * context))
     return MemoryEstimate(state_bytes=-(-state // model_parallel),
                           gradient_bytes=-(-params // model_parallel),
-                          activation_bytes_per_token=activation_bytes_per_token(config,
-                                                                                vocab_size),
+                          activation_bytes_per_token=activation_bytes_per_token(
+                              config, vocab_size, context),
                           tokens_per_device=tokens)
 
 

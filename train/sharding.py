@@ -8,6 +8,7 @@
     param [d_0..d_n]     NamedSharding(mesh, P(rule(axis_0), ..., rule(axis_n))); a mesh axis that
                          does not divide its dimension is dropped (that dimension is replicated)
     batch [B, T+1]       P(("data", "fsdp"), None): each process feeds its rows, B / process_count
+                         (so one batch shard's devices share a process: `check_rows_per_process`)
     context axis         activation rules map "length" -> "context" (`activation_rules`): the
                          activations [B, T, ...] are split along time, every per-token op
                          (embedding, norms, MLP, loss) runs on the device's stretch, and the
@@ -104,7 +105,28 @@ def replicated(mesh: Mesh) -> NamedSharding:
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
+    check_rows_per_process(mesh)
     return NamedSharding(mesh, PartitionSpec(BATCH_MESH_AXES))
+
+
+def check_rows_per_process(mesh: Mesh) -> None:
+    """ValueError unless the devices holding each batch shard (one data x fsdp coordinate) all
+    belong to one process. Each process feeds its own rows (`global_batch`): a tensor or context
+    axis spanning processes would have two processes put different rows into one shard, which
+    the ops would then treat as one row (silently: nothing compares the copies)."""
+    devices = np.asarray(mesh.devices)
+    names = tuple(mesh.axis_names)
+    batch = [names.index(axis) for axis in BATCH_MESH_AXES if axis in names]
+    rest = [axis for axis in range(devices.ndim) if axis not in batch]
+    shards = int(np.prod([devices.shape[axis] for axis in batch]))
+    for index, group in enumerate(np.transpose(devices, batch + rest).reshape(shards, -1)):
+        processes = sorted({device.process_index for device in group})
+        if len(processes) > 1:
+            raise ValueError(
+                f"mesh: batch shard {index} (one data x fsdp coordinate) is held by devices of "
+                f"processes {processes}, but each process feeds its own rows; keep the tensor "
+                f"and context axes within one process (mesh.tensor * mesh.context at most the "
+                f"devices per process, data / fsdp outermost)")
 
 
 def _fit_to_shape(spec: PartitionSpec, shape: tuple[int, ...], mesh: Mesh) -> PartitionSpec:

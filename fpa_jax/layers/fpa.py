@@ -138,7 +138,6 @@ class FPAAttention(nn.Module):
         g = zeros if self.stack_form else common.per_head_scalar_map(self, x, "field_proj")
         has_level = self.key_level and not self.stack_form
         h = common.per_head_scalar_map(self, x, "level_proj") if has_level else zeros
-        phi, psi = fields(delta, g, h, segment_ids=segment_ids)
 
         rho = self.param(
             "rho",
@@ -148,13 +147,16 @@ class FPAAttention(nn.Module):
         )
         beta = jax.nn.softplus(rho.astype(jnp.float32))
 
-        if self.dip_sum:
-            out = dipsum_attention(q, k, v, phi, psi, beta, scale=scale, segment_ids=segment_ids,
-                                   implementation=self.implementation)
-        elif context_shard.context_size() > 1:   # the walk again, over the devices of the ring
+        if context_shard.context_size() > 1 and not self.dip_sum:   # the walk over the ring
             out = context_shard.fpa_attention(
                 q, k, v, delta, g, h, beta, scale=scale, tau=self.tau, segment_ids=segment_ids,
                 query_level=self.query_level, content=self.content)
+            return common.output_projection(self, out, x.shape[-1])
+
+        phi, psi = fields(delta, g, h, segment_ids=segment_ids)
+        if self.dip_sum:
+            out = dipsum_attention(q, k, v, phi, psi, beta, scale=scale, segment_ids=segment_ids,
+                                   implementation=self.implementation)
         else:
             out = shard.shard_batch_and_heads(
                 fpa_attention, q, k, v, phi, psi, beta, layouts=shard.FPA_LAYOUTS, scale=scale,

@@ -16,14 +16,18 @@ The config checks run in process; the 8-device checks in one subprocess (tests/d
 """
 
 import textwrap
+from types import SimpleNamespace
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from tests.devices import run_on_cpu_devices
 from tests.seeds import case_seed
 from train.config import ConfigError, load_config, validate_for_devices
-from train.sharding import make_mesh
+from train.memory import activation_bytes_per_token, estimate_train_memory
+from train.sharding import check_rows_per_process, make_mesh
 
 SCRIPT = textwrap.dedent("""
     import json, re, sys
@@ -168,3 +172,51 @@ def test_mesh_sizes_with_a_context_axis():
         validate_for_devices(config, 4)
     with pytest.raises(ValueError, match="sizes"):
         make_mesh((1, 1), None)
+
+
+def test_memory_estimate_counts_the_key_blocks_the_ring_keeps():
+    # 3 layers, 2 of them attention (H Dh = 2 x 8): each keeps k and v of the other 3 devices
+    config = load_config(None, BASE + ["model.num_layers=3", "model.pattern=GAA",
+                                       "attention.num_heads=2", "attention.head_dim=8"])
+    ring = 2 * (4 - 1) * 2 * 8 * 4                     # (k, v) x 3 blocks x H Dh x float32
+    plain = activation_bytes_per_token(config, 257)
+    assert activation_bytes_per_token(config, 257, 4) == plain + 2 * ring
+    # model.remat: only the widest block is live; small GDN heads make it an attention block
+    remat = load_config(None, BASE + ["model.num_layers=3", "model.pattern=GAA",
+                                      "attention.num_heads=2", "attention.head_dim=8",
+                                      "gdn.num_heads=1", "gdn.head_dim=4", "model.remat=true"])
+    assert activation_bytes_per_token(remat, 257, 4) == \
+        activation_bytes_per_token(remat, 257) + ring
+    state = {"params": {"w": jax.ShapeDtypeStruct((4, 4), jnp.float32)}, "opt_state": {}}
+    estimate = estimate_train_memory(config, state, 257, (1, 1, 1, 4))
+    assert estimate.activation_bytes_per_token == plain + 2 * ring
+    for bad in [(1, 1), (1, 1, 1, 4, 1), (1, 0, 1)]:
+        with pytest.raises(ValueError, match="mesh_shape"):
+            estimate_train_memory(config, state, 257, bad)
+
+
+def test_checked_ranges_are_refused_on_more_than_one_device():
+    # the checkify-wrapped step cannot trace the mixers' shard_map (any mesh of > 1 device)
+    with pytest.raises(ConfigError, match="train.check_ranges"):
+        validate_for_devices(load_config(None, BASE + ["train.check_ranges=true"]), 4)
+    with pytest.raises(ConfigError, match="train.check_ranges"):
+        validate_for_devices(load_config(None, BASE[:2] + ["train.check_ranges=true"]), 2)
+    assert validate_for_devices(load_config(None, BASE[:2] + ["train.check_ranges=true"]),
+                                1) == (1, 1, 1)
+
+
+def test_a_context_axis_spanning_processes_is_refused():
+    # each process feeds its own rows: the devices of one batch shard must share a process
+    def mesh(shape, names, processes):
+        devices = np.empty(int(np.prod(shape)), object)
+        devices[:] = [SimpleNamespace(process_index=p) for p in processes]
+        return SimpleNamespace(devices=devices.reshape(shape), axis_names=names)
+
+    names = ("data", "fsdp", "tensor", "context")
+    check_rows_per_process(mesh((2, 1, 1, 4), names, [0] * 4 + [1] * 4))   # context inside
+    check_rows_per_process(mesh((1, 2, 2, 2), names, [0] * 4 + [1] * 4))   # fsdp across
+    with pytest.raises(ValueError, match=r"batch shard 0 .* processes \[0, 1\]"):
+        check_rows_per_process(mesh((1, 1, 1, 8), names, [0] * 4 + [1] * 4))
+    with pytest.raises(ValueError, match="processes"):             # tensor across, context 1
+        check_rows_per_process(mesh((2, 2), ("data", "tensor"), [0, 1, 0, 1]))
+    check_rows_per_process(make_mesh((1, 1, 1), jax.devices()[:1]))   # one process

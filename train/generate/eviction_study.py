@@ -197,7 +197,10 @@ def masked_logits(decoder, params, tokens, segment_ids, mode, evict_below, windo
 
 def masked_loss(decoder, params, tokens, segment_ids, mode, evict_below, window, *,
                 block=DEFAULT_BLOCK):
-    """(mean next-token loss in nats over same-document targets, counts as masked_logits)."""
+    """(mean next-token loss in nats over same-document targets, counts as masked_logits);
+    segment_ids None: one document per row."""
+    if segment_ids is None:
+        segment_ids = jnp.ones_like(tokens)
     logits, counts = masked_logits(decoder, params, tokens, segment_ids, mode, evict_below,
                                    window, block=block)
     log_probs = jax.nn.log_softmax(logits[:, :-1], axis=-1)
