@@ -2,27 +2,43 @@
 device, and a checkpoint saved on N devices restored on one.
 
     python benchmarks/multi_gpu.py [--config softmax_rope_125m] [--devices N] [--context 2048]
-        [--batch-per-device 8] [--steps 10] [--loss-steps 4] [--out DIR] [key=value ...]
+        [--batch-per-device 8] [--context-devices C] [--steps 10] [--loss-steps 4] [--out DIR]
+        [key=value ...]
 
-One process drives the first N local devices (default: all). Layouts: data parallel
-(mesh data N) and fsdp x tensor (fsdp N/2, tensor 2; N even). The same random token batches
-(fixed seed, two documents per row) feed every layout; the train state starts from the same
-initial values (drawn once on one device, then placed on each layout's shardings).
+One process drives the first N local devices (default: all). Layouts, each a mesh
+data x fsdp x tensor x context:
+    data parallel      N x 1 x 1 x 1
+    fsdp x tensor      1 x N/2 x 2 x 1                    (N even)
+    context parallel   N/C x 1 x 1 x C, C = --context-devices (default N: data 1, every sequence
+                       split into N stretches of T/N tokens, the long-context layout); N >= 2,
+                       and only for presets whose mixers all have a context-parallel op (the
+                       config refuses the others, and T not divisible by C: the table then says
+                       the layout is skipped and why)
+The same random token batches (fixed seed, two documents per row) feed every layout; the train
+state starts from the same initial values (drawn once on one device, then placed on each
+layout's shardings).
 
-    tokens/s      weak scaling: one device runs batch b (--batch-per-device), a layout on N
-                  devices runs N b; steps timed after one warm-up step
-    scaling       tokens/s(N) / (N * tokens/s(1))
+    tokens/s      steps timed after one warm-up step. data parallel, fsdp x tensor: weak scaling,
+                  one device runs b rows of T tokens (b = --batch-per-device), the layout N b rows.
+                  context parallel: the same b x T batch as one device (splitting each sequence
+                  is for sequences too long for one device, not for more rows)
+    scaling       tokens/s(N) / (N * tokens/s(1)): 100% is ideal for every layout
+    speed ratio   tokens/s(N) / tokens/s(1), shown for context parallel: how much faster N
+                  devices run one device's batch (ideal N; below 1 the split costs more in ring
+                  exchanges than it saves)
     loss agree    max over the first --loss-steps steps of |loss_N - loss_1| on the same global
-                  batches (N b rows); "ok" when below --loss-tol
+                  batches (N b rows, every layout); "ok" when below --loss-tol
     restore on 1  a checkpoint of the N-device state after those steps is saved, restored onto
                   one device, and both continue for 2 steps: max |loss difference| (--loss-tol)
 
-Prints a table and writes DIR/multi_gpu-<config>-<N>dev.json (DIR default: runs/).
+Prints a table and writes DIR/multi_gpu-<config>-<N>dev.json (DIR default: runs/); a skipped
+layout is listed under "skipped" with the config's reason.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import tempfile
@@ -35,13 +51,15 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from train.checkpoint import Checkpointer  # noqa: E402
-from train.config import ConfigError, load_config  # noqa: E402
+from train.config import (Config, ConfigError, load_config, validate,  # noqa: E402
+                          validate_for_devices)
 from train.metrics import format_rate, format_table  # noqa: E402
 from train.session import build_session, to_global  # noqa: E402
 from train.sharding import make_mesh, mesh_context  # noqa: E402
 from train.tokenizer import load_tokenizer  # noqa: E402
 
 CONTINUED_STEPS = 2
+CONTEXT_LAYOUT = "context parallel"
 
 
 class UsageError(ValueError):
@@ -49,11 +67,22 @@ class UsageError(ValueError):
 
 
 def layouts(devices: int) -> dict[str, tuple[int, int, int]]:
-    """The meshes (data, fsdp, tensor) compared against one device."""
+    """The weak-scaling meshes (data, fsdp, tensor) compared against one device."""
     found = {"data parallel": (devices, 1, 1)}
     if devices >= 2 and devices % 2 == 0:
         found["fsdp x tensor"] = (1, devices // 2, 2)
     return found
+
+
+def context_layout(config: Config, devices: int, context: int) -> tuple[Config, tuple[int, ...]]:
+    """`config` on mesh data devices / context x fsdp 1 x tensor 1 x context, and those four
+    sizes; ConfigError when the preset cannot split its sequences (a mixer without a
+    context-parallel op, data.seq_len not divisible by `context`)."""
+    mesh = dataclasses.replace(config.mesh, data=devices // context, fsdp=1, tensor=1,
+                               context=context)
+    config = dataclasses.replace(config, mesh=mesh)
+    validate(config)
+    return config, validate_for_devices(config, devices)
 
 
 def random_batches(count: int, rows: int, seq_len: int, vocab: int, seed: int) -> list[dict]:
@@ -90,14 +119,26 @@ def tokens_per_second(session, initial, batch, steps: int) -> float:
     return rows * seq_len * steps / (time.perf_counter() - started)
 
 
+def check_context_devices(context: int, devices: int, batch_per_device: int) -> None:
+    """UsageError unless C >= 2 divides N and the data axis N / C divides the b timed rows."""
+    if context < 2 or devices % context or batch_per_device % (devices // context):
+        raise UsageError(f"--context-devices {context}: expected a divisor >= 2 of the {devices} "
+                         f"devices whose quotient (the data axis) divides --batch-per-device "
+                         f"{batch_per_device}")
+
+
 def measure(config, *, devices: int, batch_per_device: int, steps: int, loss_steps: int,
-            loss_tol: float, seed: int = 0) -> dict:
+            loss_tol: float, context_devices: int = 0, seed: int = 0) -> dict:
+    """The table's numbers (module docstring); context_devices 0 means all `devices`."""
     if not 1 <= devices <= jax.local_device_count():
         raise UsageError(f"--devices {devices}: expected 1..{jax.local_device_count()} (the "
                          f"local devices)")
     if loss_steps < 1 or steps < 1 or batch_per_device < 1:
         raise UsageError(f"--steps, --loss-steps and --batch-per-device must be >= 1, got "
                          f"{steps}, {loss_steps}, {batch_per_device}")
+    context = context_devices or devices
+    if devices >= 2 or context_devices:
+        check_context_devices(context, devices, batch_per_device)
     vocab = config.model.vocab_size or load_tokenizer(config.data.tokenizer).vocab_size
     seq_len = config.data.seq_len
     local = jax.local_devices()
@@ -115,10 +156,16 @@ def measure(config, *, devices: int, batch_per_device: int, steps: int, loss_ste
               "batch_per_device": batch_per_device, "steps": steps, "loss_steps": loss_steps,
               "loss_tol": loss_tol, "one_device": {"tokens_per_second": single_rate,
                                                    "losses": reference},
-              "layouts": {}}
+              "layouts": {}, "skipped": {}}
     big = random_batches(1, global_rows, seq_len, vocab, seed + 2)[0]
-    for name, sizes in layouts(devices).items():
-        session = build_session(config, vocab, make_mesh(sizes, local[:devices]))
+    plans = [(name, config, sizes, big) for name, sizes in layouts(devices).items()]
+    if devices >= 2:
+        try:
+            plans.append((CONTEXT_LAYOUT, *context_layout(config, devices, context), small))
+        except ConfigError as error:
+            result["skipped"][CONTEXT_LAYOUT] = str(error)
+    for name, layout_config, sizes, timed in plans:
+        session = build_session(layout_config, vocab, make_mesh(sizes, local[:devices]))
         state, losses = run_steps(session, jax.device_put(initial, session.state_shardings),
                                   batches[:loss_steps])
         with tempfile.TemporaryDirectory() as directory:
@@ -127,12 +174,14 @@ def measure(config, *, devices: int, batch_per_device: int, steps: int, loss_ste
                 restored = checkpointer.restore_latest(one.abstract_state)
         _, continued = run_steps(session, state, batches[loss_steps:])
         _, continued_on_one = run_steps(one, restored.state, batches[loss_steps:])
-        rate = tokens_per_second(session, initial, big, steps)
+        rate = tokens_per_second(session, initial, timed, steps)
         loss_gap = float(np.max(np.abs(np.subtract(losses, reference))))
         restore_gap = float(np.max(np.abs(np.subtract(continued_on_one, continued))))
         result["layouts"][name] = {
-            "mesh": {"data": sizes[0], "fsdp": sizes[1], "tensor": sizes[2]},
-            "tokens_per_second": rate, "scaling": rate / (devices * single_rate),
+            "mesh": {"data": sizes[0], "fsdp": sizes[1], "tensor": sizes[2],
+                     "context": sizes[3] if len(sizes) > 3 else 1},
+            "timed_rows": timed["tokens"].shape[0], "tokens_per_second": rate,
+            "scaling": rate / (devices * single_rate), "speed_ratio": rate / single_rate,
             "losses": losses, "max_loss_difference": loss_gap,
             "losses_agree": loss_gap < loss_tol,
             "restored_step": restored.step, "continued_losses": continued,
@@ -149,10 +198,16 @@ def table(result: dict) -> str:
             ("1 device", f"{format_rate(result['one_device']['tokens_per_second'])} tokens/s")]
     for name, layout in result["layouts"].items():
         mesh = layout["mesh"]
+        if name == CONTEXT_LAYOUT:
+            speed = (f"speed ratio {layout['speed_ratio']:.2f}x of 1 device on its "
+                     f"{layout['timed_rows']} x {result['seq_len']} batch, ideal "
+                     f"{result['devices']}x")
+        else:
+            speed = f"scaling {100 * layout['scaling']:.0f}% of {result['devices']} x 1"
         rows += [
-            (name, f"data {mesh['data']} x fsdp {mesh['fsdp']} x tensor {mesh['tensor']}"),
-            ("  tokens/s", f"{format_rate(layout['tokens_per_second'])} "
-                           f"(scaling {100 * layout['scaling']:.0f}% of {result['devices']} x 1)"),
+            (name, f"data {mesh['data']} x fsdp {mesh['fsdp']} x tensor {mesh['tensor']} x "
+                   f"context {mesh['context']}"),
+            ("  tokens/s", f"{format_rate(layout['tokens_per_second'])} ({speed})"),
             ("  loss vs 1 device", f"max |diff| {layout['max_loss_difference']:.2e} over "
                                    f"{result['loss_steps']} steps "
                                    f"({'ok' if layout['losses_agree'] else 'DIFFERS'})"),
@@ -161,6 +216,8 @@ def table(result: dict) -> str:
                                 f"{CONTINUED_STEPS} steps "
                                 f"({'ok' if layout['restore_agrees'] else 'DIFFERS'})"),
         ]
+    for name, reason in result["skipped"].items():
+        rows.append((name, f"skipped for {result['config']}: {reason}"))
     return format_table(rows)
 
 
@@ -171,6 +228,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--devices", type=int, default=0, help="default: all local devices")
     parser.add_argument("--context", type=int, default=0, help="overrides data.seq_len")
     parser.add_argument("--batch-per-device", type=int, default=8)
+    parser.add_argument("--context-devices", type=int, default=0,
+                        help="context parallel layout: devices per sequence (default: all)")
     parser.add_argument("--steps", type=int, default=10, help="timed steps")
     parser.add_argument("--loss-steps", type=int, default=4)
     parser.add_argument("--loss-tol", type=float, default=2e-2,
@@ -184,7 +243,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = load_config(args.config, overrides)
         result = measure(config, devices=devices, batch_per_device=args.batch_per_device,
-                         steps=args.steps, loss_steps=args.loss_steps, loss_tol=args.loss_tol)
+                         steps=args.steps, loss_steps=args.loss_steps, loss_tol=args.loss_tol,
+                         context_devices=args.context_devices)
     except (ConfigError, UsageError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -154,8 +154,10 @@ def test_make_mesh_checks_the_device_count():
 
 
 def test_multi_gpu_script_on_eight_cpu_devices(tmp_path):
-    """benchmarks/multi_gpu.py at a tiny size: both layouts train like one device (float32),
-    and their checkpoints restore on one device and continue identically."""
+    """benchmarks/multi_gpu.py at a tiny size: the three layouts (data parallel, fsdp x tensor,
+    context parallel over all 8 devices: softmax's ring path, 2 tokens per device) train like
+    one device (float32), and their checkpoints restore on one device and continue identically;
+    the context layout is timed on one device's batch (1 row), the others on 8 rows."""
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
                JAX_PLATFORMS="cpu")
     completed = subprocess.run(
@@ -166,15 +168,46 @@ def test_multi_gpu_script_on_eight_cpu_devices(tmp_path):
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
     assert "fsdp x tensor" in completed.stdout and "scaling" in completed.stdout
+    assert "x context 8" in completed.stdout and "speed ratio" in completed.stdout
     result = json.loads((tmp_path / "multi_gpu-tiny_softmax-8dev.json").read_text())
     assert result["devices"] == 8 and len(result["one_device"]["losses"]) == 2
+    assert result["skipped"] == {}
     meshes = {name: layout["mesh"] for name, layout in result["layouts"].items()}
-    assert meshes == {"data parallel": {"data": 8, "fsdp": 1, "tensor": 1},
-                      "fsdp x tensor": {"data": 1, "fsdp": 4, "tensor": 2}}
+    assert meshes == {"data parallel": {"data": 8, "fsdp": 1, "tensor": 1, "context": 1},
+                      "fsdp x tensor": {"data": 1, "fsdp": 4, "tensor": 2, "context": 1},
+                      "context parallel": {"data": 1, "fsdp": 1, "tensor": 1, "context": 8}}
+    assert {name: layout["timed_rows"] for name, layout in result["layouts"].items()} == {
+        "data parallel": 8, "fsdp x tensor": 8, "context parallel": 1}
     for layout in result["layouts"].values():
         assert layout["losses_agree"] and layout["max_loss_difference"] < 1e-4
         assert layout["restore_agrees"] and layout["restored_step"] == 2
+        assert len(layout["continued_on_one_device"]) == 2
         assert layout["tokens_per_second"] > 0 and layout["scaling"] > 0
+        assert layout["speed_ratio"] == pytest.approx(8 * layout["scaling"])
+
+
+def test_multi_gpu_context_layout_only_for_presets_that_split_sequences():
+    from benchmarks.multi_gpu import CONTEXT_LAYOUT, context_layout, table
+
+    config, sizes = context_layout(load_config("tiny_hybrid", ["data.batch_size=8"]), 8, 2)
+    assert sizes == (4, 1, 1, 2) and config.mesh.context == 2 and config.mesh.data == 4
+    with pytest.raises(ConfigError, match="supports attention.kind"):
+        context_layout(load_config("tiny_softmax", ["attention.kind=selective"]), 8, 8)
+    with pytest.raises(ConfigError, match="divisible by mesh.context"):
+        context_layout(load_config("tiny_fpa", ["data.seq_len=100"]), 8, 8)
+    skipped = {"config": "tiny_selective", "devices": 8, "device": "cpu", "platform": "cpu",
+               "seq_len": 16, "batch_per_device": 1, "one_device": {"tokens_per_second": 1.0},
+               "layouts": {}, "skipped": {CONTEXT_LAYOUT: "no ring path"}}
+    assert [[part.strip() for part in line.split(" | ")] for line in table(skipped).splitlines()
+            if line.startswith(CONTEXT_LAYOUT)] == [
+        [CONTEXT_LAYOUT, "skipped for tiny_selective: no ring path"]]
+
+
+def test_multi_gpu_script_refuses_a_context_split_that_does_not_fit(capsys):
+    from benchmarks.multi_gpu import main
+
+    assert main(["--config", "tiny_softmax", "--devices", "1", "--context-devices", "3"]) == 2
+    assert capsys.readouterr().err.startswith("error: --context-devices 3")
 
 
 def test_multi_gpu_script_refuses_more_devices_than_present(capsys):
