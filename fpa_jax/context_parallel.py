@@ -118,7 +118,7 @@ def _fpa_bias(query, keys, rows, diagonal, bias_config):
     """FPA bias [B, H, n_q, L] of a query sub-block against a key block."""
     tau, beta, query_level = bias_config
     if diagonal:   # masked reverse cumulative min / log-sum-exp per query row over own keys
-        upto = jnp.arange(keys["k"].shape[1])[None, :] <= rows[:, None]           # [n_q, L]
+        upto = jnp.arange(keys["v"].shape[1])[None, :] <= rows[:, None]           # [n_q, L]
         phi = _heads_last(keys["phi"])[:, :, None, :]                              # [B, H, 1, L]
         hard = _exclusive_reverse(jnp.minimum, jnp.where(upto, phi, BIG), BIG)
         log_mass = _exclusive_reverse(jnp.logaddexp, jnp.where(upto, -phi / tau, -BIG), -BIG)
@@ -134,7 +134,7 @@ def _fpa_bias(query, keys, rows, diagonal, bias_config):
     gap = range_min - level
     dead = gap < 0
     if diagonal:
-        dead = dead & (jnp.arange(keys["k"].shape[1])[None, :] < rows[:, None])
+        dead = dead & (jnp.arange(keys["v"].shape[1])[None, :] < rows[:, None])
     return beta[None, :, None, None] * jnp.where(dead, gap, 0.0)
 
 
@@ -154,7 +154,7 @@ def _block_attention(query, keys, rows, valid, *, diagonal, scale, content, bias
         logits = logits + scale * scores
     mask = jnp.broadcast_to(valid, (1, 1, 1, 1))
     if diagonal:
-        mask = mask & (jnp.arange(keys["k"].shape[1])[None, :] <= rows[:, None])
+        mask = mask & (jnp.arange(keys["v"].shape[1])[None, :] <= rows[:, None])
     if query["segment"] is not None:
         mask = mask & (query["segment"][:, None, :, None] == keys["segment"][:, None, None, :])
     logits = jnp.where(mask, logits, MASKED_LOGIT)
@@ -245,7 +245,8 @@ def ring_fpa_attention(q, k, v, phi, psi, beta, *, axis_name, scale=None, tau=1.
     query = {"q": q, "segment": segment_ids, "psi": psi,
              "prefix_min": _cumulative(jnp.minimum, phi, 1),
              "prefix_log_mass": _cumulative(jnp.logaddexp, log_weights, 1)}
-    keys = {"k": k, "v": v, "segment": segment_ids, "psi": None if query_level else psi,
+    keys = {"k": k if content else None,          # no content: no key vectors travel
+            "v": v, "segment": segment_ids, "psi": None if query_level else psi,
             "suffix_min": _exclusive_reverse(jnp.minimum, _heads_last(phi), BIG),
             "suffix_log_mass": _exclusive_reverse(jnp.logaddexp, _heads_last(log_weights),
                                                   -BIG)}
