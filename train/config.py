@@ -460,6 +460,8 @@ def validate(config: Config) -> None:
     if a.no_bias_layers:
         _require(a.kind == "fpa", f"attention.no_bias_layers only applies to attention.kind='fpa', "
                                   f"got kind={a.kind!r}")
+        _require(a.content, "attention.no_bias_layers with attention.content=false leaves those "
+                            "layers no attention logits (no bias, no q.k)")
         for index in a.no_bias_layers:
             _require(0 <= index < m.num_layers,
                      f"attention.no_bias_layers: layer {index} out of range [0, {m.num_layers})")

@@ -87,6 +87,7 @@ def test_unknown_keys_and_wrong_types_are_named(overrides, message):
     (["attention.kind=mamba"], "attention.kind"),
     (["attention.kind=fox", "attention.no_bias_layers=[0]"], "no_bias_layers"),
     (["attention.no_bias_layers=[2]"], "out of range"),
+    (["attention.no_bias_layers=[0]", "attention.content=false"], "no attention logits"),
     (["model.pattern=GA", "attention.no_bias_layers=[0]"], "gdn layer"),
     (["attention.kind=fox", "attention.stack_form=true"], "FPA options"),
     (["optim.alpha_lr_scale=0.5"], "GatedDeltaNet"),

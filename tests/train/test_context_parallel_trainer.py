@@ -41,12 +41,12 @@ SCRIPT = textwrap.dedent("""
     seed = int(sys.argv[1])
     LR = 0.5   # one SGD step
 
-    def config(kind, pattern, context):
+    def config(kind, pattern, context, extra=()):
         return load_config(None, [
             "model.d_model=32", f"model.pattern={pattern}", f"model.num_layers={len(pattern)}",
             f"attention.kind={kind}", "attention.num_heads=2", "attention.head_dim=8",
             "gdn.num_heads=2", "gdn.head_dim=8", "data.seq_len=32", "data.batch_size=4",
-            "mesh.fsdp=2", f"mesh.context={context}", f"train.seed={seed % 1000}"])
+            "mesh.fsdp=2", f"mesh.context={context}", f"train.seed={seed % 1000}", *extra])
 
     rng = np.random.default_rng(seed)
     tokens = rng.integers(0, 257, (4, 33), dtype=np.int32)
@@ -77,10 +77,13 @@ SCRIPT = textwrap.dedent("""
         return jax.device_get(grads), [float(first), float(second)], text
 
     out = {}
-    for name, kind, pattern in [("fpa_gdn", "fpa", "GA"), ("fox", "fox", "A")]:
-        want_grads, want_losses, _ = run(config(kind, pattern, 1),
+    # FPA with query levels: a bias-free first layer (the softmax ring), a biased second one
+    variant = ["attention.query_level=true", "attention.no_bias_layers=[0]"]
+    for name, kind, pattern, extra in [("fpa_gdn", "fpa", "GA", ()), ("fox", "fox", "A", ()),
+                                       ("fpa_variant", "fpa", "AA", variant)]:
+        want_grads, want_losses, _ = run(config(kind, pattern, 1, extra),
                                          make_mesh((1, 2, 1), jax.devices()[:2]))
-        grads, losses, text = run(config(kind, pattern, 4), make_mesh((1, 2, 1, 4)))
+        grads, losses, text = run(config(kind, pattern, 4, extra), make_mesh((1, 2, 1, 4)))
         errors = jax.tree.map(
             lambda a, b: float(np.max(np.abs(a - b)) / (1e-12 + np.max(np.abs(b)))),
             grads, want_grads)
@@ -124,7 +127,7 @@ SCRIPT = textwrap.dedent("""
 
 def test_context_parallel_training_equals_the_mesh_without_context():
     result = run_on_cpu_devices(SCRIPT, str(case_seed(1201)))
-    assert set(result) == {"fpa_gdn", "fox", "softmax_alibi_errors"}
+    assert set(result) == {"fpa_gdn", "fox", "fpa_variant", "softmax_alibi_errors"}
     errors = result.pop("softmax_alibi_errors")
     assert len(errors) == 4 and max(errors) < 1e-5, errors   # grads of q, k, v and the output
     for name, case in result.items():
