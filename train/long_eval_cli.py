@@ -11,27 +11,24 @@ import argparse
 from pathlib import Path
 
 
-def _int_list(text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(v) for v in text.split(",") if v.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") \
-            from None
-    if not values or min(values) < 2:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 2, got {text!r}")
-    return values
+def _number_list(convert, allowed, what):
+    """An argparse type: comma-separated `convert`ed numbers, each `allowed`, else an error
+    saying "expected comma-separated `what`"."""
+
+    def parse(text: str) -> tuple:
+        try:
+            values = tuple(convert(v) for v in text.split(",") if v.strip())
+        except ValueError:
+            values = ()
+        if not values or not all(allowed(v) for v in values):
+            raise argparse.ArgumentTypeError(f"expected comma-separated {what}, got {text!r}")
+        return values
+
+    return parse
 
 
-def _depth_list(text: str) -> tuple[float, ...]:
-    try:
-        values = tuple(float(v) for v in text.split(",") if v.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") \
-            from None
-    if not values or not all(0.0 <= v <= 1.0 for v in values):
-        raise argparse.ArgumentTypeError(f"expected comma-separated depths in [0, 1], "
-                                         f"got {text!r}")
-    return values
+_int_list = _number_list(int, lambda v: v >= 2, "integers >= 2")
+_depth_list = _number_list(float, lambda v: 0.0 <= v <= 1.0, "depths in [0, 1]")
 
 
 def _task_list(text: str) -> tuple[str, ...]:
