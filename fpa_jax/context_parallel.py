@@ -220,8 +220,7 @@ def _ring(query, keys, diagonal_extras, fold_gap, *, axis_name, size, out_dtype,
 def _check_common(q, k, v, segment_ids, block_size):
     batch, length, _, _ = flash_xla.check_qkv(q, k, v)
     checks.check_segment_ids(segment_ids, batch, length)
-    if not isinstance(block_size, int) or block_size <= 0:
-        raise ValueError(f"block_size: expected a positive int, got {block_size!r}")
+    checks.require_positive_int("block_size", block_size)
 
 
 def ring_fpa_attention(q, k, v, phi, psi, beta, *, axis_name, scale=None, tau=1.0,

@@ -110,8 +110,9 @@ def resolve_scale(scale, head_dim):
 
 
 def check_block_size(name, size):
-    if size is not None and (not isinstance(size, int) or size < 1):
-        raise ValueError(f"{name}: expected None or a positive int, got {size!r}")
+    """None or a positive int."""
+    if size is not None:
+        checks.require_positive_int(name, size)
 
 
 # --------------------------------------------------------------------------- dense oracle

@@ -25,6 +25,11 @@ def require_shape(name, x, shape):
         raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(jnp.shape(x))}")
 
 
+def require_positive_int(name, value):
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name}: expected a positive int, got {value!r}")
+
+
 def check_segment_ids(segment_ids, batch, length):
     if segment_ids is None:
         return

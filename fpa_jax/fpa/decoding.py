@@ -97,22 +97,34 @@ def decode_step(cache, q_t, k_t, v_t, phi_t, psi_t, beta, *, scale=None, evict_b
     return out, cache
 
 
+def dip_sums_through_block(dip_total, phi_u, u0, psi):
+    """Running dip sums over one block of later tokens u = u0 .. u0 + n - 1:
+
+        out[:, i, s] = dip_total[:, s] + sum_{u0 <= u <= u0 + i, u > s} min(0, phi_u - psi_s)
+
+    dip_total, psi [B, T, ...]; phi_u [B, n, ...] (trailing dims alike, e.g. heads) ->
+    [B, n, T, ...]; out[:, -1] is the total to carry into the next block. A padded u with
+    phi_u = BIG adds nothing."""
+    tokens = u0 + jnp.arange(phi_u.shape[1])
+    after = tokens[:, None] > jnp.arange(psi.shape[1])[None, :]                # [n, T]: u > s
+    after = after.reshape(after.shape + (1,) * (psi.ndim - 2))
+    dips = jnp.where(after, jnp.minimum(0.0, phi_u[:, :, None] - psi[:, None]), 0.0)
+    return dip_total[:, None] + jnp.cumsum(dips, axis=1)
+
+
 def _dip_totals(phi, psi, block):
-    """sum_{s < u < T} min(0, phi_u - psi_s) [B, T, H]: a scan over blocks of `block` u, each
-    adding its [B, block, T, H] dips (O(T * block) memory); phi, psi float32 [B, T, H]."""
+    """sum_{s < u < T} min(0, phi_u - psi_s) [B, T, H]: a scan over blocks of `block` u
+    (dip_sums_through_block; O(T * block) memory); phi, psi float32 [B, T, H]."""
     batch, length, heads = phi.shape
     block = max(1, min(block, length))
     count = -(-length // block)
-    phi_blocks = jnp.pad(phi, ((0, 0), (0, count * block - length), (0, 0)))
+    phi_blocks = jnp.pad(phi, ((0, 0), (0, count * block - length), (0, 0)),
+                         constant_values=BIG)
     phi_blocks = jnp.moveaxis(phi_blocks.reshape(batch, count, block, heads), 1, 0)
-    keys = jnp.arange(length)
 
     def add_block(total, inputs):
         u0, phi_u = inputs                                                 # phi_u [B, block, H]
-        tokens = u0 + jnp.arange(block)
-        later = (tokens[:, None] > keys[None, :]) & (tokens < length)[:, None]   # [u, s]
-        dips = jnp.minimum(0.0, phi_u[:, :, None, :] - psi[:, None, :, :])  # [B, u, s, H]
-        return total + jnp.sum(jnp.where(later[None, :, :, None], dips, 0.0), axis=1), None
+        return dip_sums_through_block(total, phi_u, u0, psi)[:, -1], None
 
     total, _ = lax.scan(add_block, jnp.zeros_like(psi), (jnp.arange(count) * block, phi_blocks))
     return total
@@ -121,8 +133,7 @@ def _dip_totals(phi, psi, block):
 def prefix_scalars(phi, psi, *, dip_sum=False, block=128):
     """(level, running) [B, T, H] float32 of every key s after the last token T-1 of a prefix;
     O(T * block) memory (the dip sums in blocks of `block` later tokens u)."""
-    if isinstance(block, bool) or not isinstance(block, int) or block < 1:
-        raise ValueError(f"block: expected a positive int, got {block!r}")
+    checks.require_positive_int("block", block)
     phi, psi = phi.astype(jnp.float32), psi.astype(jnp.float32)
     if dip_sum:
         return psi, _dip_totals(phi, psi, block)
@@ -155,4 +166,4 @@ def live_fraction(cache):
 
 
 __all__ = ["FPACache", "bias", "check_eviction", "decode_step", "init_cache", "live_fraction",
-           "prefill_cache", "prefix_scalars"]
+           "dip_sums_through_block", "prefill_cache", "prefix_scalars"]

@@ -34,7 +34,9 @@ import jax.numpy as jnp
 from jax import lax
 
 from fpa_jax.decode import layers as attention
+from fpa_jax.fpa.decoding import dip_sums_through_block
 from fpa_jax.fpa.blocks import BIG
+from fpa_jax.fpa.checks import require_positive_int
 from fpa_jax.layers import common
 from gdn_jax.layer import GatedDeltaNet
 
@@ -68,13 +70,10 @@ def _range_min_blocks(phi, psi, beta, query_level, block):
 
 def _dip_sum_blocks(phi, psi, beta, block):
     """(D_0 [B, T], step(D, t0) -> (D', b [B, Bq, T])) of FPA's dip-sum bias, one head."""
-    keys = jnp.arange(phi.shape[1])
 
     def step(dip_total, t0):
         phi_q = lax.dynamic_slice_in_dim(phi, t0, block, axis=1)              # [B, Bq] (u)
-        after = (t0 + jnp.arange(block))[:, None] > keys[None, :]              # [Bq, T]: u > s
-        dips = jnp.where(after, jnp.minimum(0.0, phi_q[:, :, None] - psi[:, None, :]), 0.0)
-        sums = dip_total[:, None, :] + jnp.cumsum(dips, axis=1)               # [B, Bq(t), T]
+        sums = dip_sums_through_block(dip_total, phi_q, t0, psi)              # [B, Bq(t), T]
         return sums[:, -1], beta * sums
 
     return jnp.zeros(phi.shape, jnp.float32), step
@@ -117,11 +116,9 @@ def _head_bias(layer, params, x, padding, block):
 def _check(mode, window, block):
     if mode not in MODES:
         raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
-    if isinstance(block, bool) or not isinstance(block, int) or block < 1:
-        raise ValueError(f"block: expected a positive int, got {block!r}")
-    if mode == "window" and (isinstance(window, bool) or not isinstance(window, int)
-                             or window < 1):
-        raise ValueError(f"window: expected a positive int in mode 'window', got {window!r}")
+    require_positive_int("block", block)
+    if mode == "window":
+        require_positive_int("window", window)
 
 
 def masked_attention(layer, params, x, segment_ids, mode, evict_below, window, *,
