@@ -31,7 +31,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import PartitionSpec
 
 from fpa_jax.context_parallel import context_parallel_fields, ring_fox_attention, ring_fpa_attention
 from gdn_jax.ops.context_parallel import context_parallel_gated_delta_rule
@@ -50,14 +49,10 @@ def context_size() -> int:
     return mesh.shape[CONTEXT_AXIS]
 
 
-def _spec(layout: str, batch: tuple[str, ...], heads: tuple[str, ...]) -> PartitionSpec:
-    names = {"B": batch or None, "H": (heads[0] if heads else None), "T": CONTEXT_AXIS}
-    return PartitionSpec(*(names.get(letter) for letter in layout))
-
-
 def _shard_over_context(local: Callable[..., Any], arrays: Sequence[Any],
                         layouts: Sequence[str], segment_ids: Any) -> Any:
-    """local(*shards, segment_ids=shard or None) per shard; its output has layout "BTHD"."""
+    """local(*shards, segment_ids=shard or None) per shard (shard.shard_batch_and_heads with T
+    over CONTEXT_AXIS); its output has layout "BTHD"."""
     size = context_size()
     if size < 2:
         raise ValueError(f"mesh: the context-parallel ops need a mesh in scope with a "
@@ -66,25 +61,14 @@ def _shard_over_context(local: Callable[..., Any], arrays: Sequence[Any],
     if length % size:
         raise ValueError(f"q: the time axis ({length} tokens) must split evenly over the {size} "
                          f"devices of mesh axis {CONTEXT_AXIS!r}")
-    split = list(arrays) + ([] if segment_ids is None else [segment_ids])
-    split_layouts = list(layouts) + ([] if segment_ids is None else ["BT"])
-    batch, heads = shard.plan(split_layouts, split, jax.sharding.get_abstract_mesh())
-
-    def call(*shards):
-        ids = shards[len(arrays)] if segment_ids is not None else None
-        return local(*shards[:len(arrays)], segment_ids=ids)
-
-    in_specs = tuple(_spec(layout, batch, heads) for layout in split_layouts)
-    # the inner jit as in shard.py (trace-time constants stay inside the shard_map)
-    sharded = jax.shard_map(jax.jit(call), in_specs=in_specs,
-                            out_specs=_spec("BTHD", batch, heads), check_vma=False)
-    return sharded(*split)
+    return shard.shard_batch_and_heads(local, *arrays, layouts=layouts, out_layouts="BTHD",
+                                       time_axis=CONTEXT_AXIS, segment_ids=segment_ids)
 
 
 def fpa_attention(q, k, v, delta, g, h, beta, *, scale, tau, segment_ids, query_level,
                   content):
     """FPA attention from the walk's inputs delta, g, h [B, T, H] (beta [H]), T over the ring."""
-    def local(q, k, v, delta, g, h, beta, segment_ids):
+    def local(q, k, v, delta, g, h, beta, segment_ids=None):
         phi, psi = context_parallel_fields(delta, g, h, axis_name=CONTEXT_AXIS)
         return ring_fpa_attention(q, k, v, phi, psi, beta, axis_name=CONTEXT_AXIS, scale=scale,
                                   tau=tau, segment_ids=segment_ids, query_level=query_level,
@@ -96,7 +80,7 @@ def fpa_attention(q, k, v, delta, g, h, beta, *, scale, tau, segment_ids, query_
 
 def fox_attention(q, k, v, log_forget, *, scale, segment_ids):
     """FoX attention (log_forget [B, T, H]) with T over the ring."""
-    def local(q, k, v, log_forget, segment_ids):
+    def local(q, k, v, log_forget, segment_ids=None):
         return ring_fox_attention(q, k, v, log_forget, axis_name=CONTEXT_AXIS, scale=scale,
                                   segment_ids=segment_ids)
 
@@ -107,7 +91,7 @@ def softmax_attention(q, k, v, *, scale, segment_ids, alibi_slopes=None):
     """Causal softmax attention (ALiBi when alibi_slopes [H] is given) with T over the ring."""
     slopes = jnp.zeros(q.shape[2:3], jnp.float32) if alibi_slopes is None else alibi_slopes
 
-    def local(q, k, v, slopes, segment_ids):
+    def local(q, k, v, slopes, segment_ids=None):
         log_forget = jnp.broadcast_to(-slopes.astype(jnp.float32), q.shape[:3])
         return ring_fox_attention(q, k, v, log_forget, axis_name=CONTEXT_AXIS, scale=scale,
                                   segment_ids=segment_ids)
@@ -118,7 +102,7 @@ def softmax_attention(q, k, v, *, scale, segment_ids, alibi_slopes=None):
 
 def gated_delta_rule(q, k, v, g, beta, *, segment_ids, chunk_size, implementation):
     """The gated delta rule's output [B, T, HV, V] (no final state) with T over the devices."""
-    def local(q, k, v, g, beta, segment_ids):
+    def local(q, k, v, g, beta, segment_ids=None):
         out, _ = context_parallel_gated_delta_rule(
             q, k, v, g, beta, axis_name=CONTEXT_AXIS, segment_ids=segment_ids,
             chunk_size=chunk_size, implementation=implementation)

@@ -79,19 +79,23 @@ def plan(layouts: Sequence[str], arrays: Sequence[Any], mesh: Any) -> tuple[tupl
     return batch, heads
 
 
-def _spec(layout: str, batch: tuple[str, ...], heads: tuple[str, ...]) -> PartitionSpec:
-    names = {"B": batch or None, "H": (heads[0] if heads else None)}
+def _spec(layout: str, batch: tuple[str, ...], heads: tuple[str, ...],
+          time: str | None = None) -> PartitionSpec:
+    names = {"B": batch or None, "H": (heads[0] if heads else None), "T": time}
     return PartitionSpec(*(names.get(letter) for letter in layout))
 
 
 def shard_batch_and_heads(op: Callable[..., Any], *arrays: Any, layouts: Sequence[str],
-                          out_layouts: str | tuple[str, ...] = "BTHD", **kwargs: Any) -> Any:
+                          out_layouts: str | tuple[str, ...] = "BTHD",
+                          time_axis: str | None = None, **kwargs: Any) -> Any:
     """op(*arrays, **kwargs) computed per shard of the mesh in scope (module doc).
 
     layouts: one string per positional array. Keyword arguments named in KEYWORD_LAYOUTS are
     arrays split the same way (None passes through); every other keyword goes to op as is.
     out_layouts: one string for a single output, or a tuple matching op's tuple of outputs
-    (an output that is None needs a layout too; it is ignored)."""
+    (an output that is None needs a layout too; it is ignored). time_axis: a mesh axis that
+    also splits T (context parallelism, kernels_pallas/context_shard.py; op then exchanges
+    along it what it needs); the op always runs under the shard_map then."""
     names = [name for name in KEYWORD_LAYOUTS if kwargs.get(name) is not None]
     split = list(arrays) + [kwargs.pop(name) for name in names]
     split_layouts = list(layouts) + [KEYWORD_LAYOUTS[name] for name in names]
@@ -101,11 +105,11 @@ def shard_batch_and_heads(op: Callable[..., Any], *arrays: Any, layouts: Sequenc
     def call(*shards):
         return op(*shards[:len(arrays)], **dict(zip(names, shards[len(arrays):])), **kwargs)
 
-    if not (batch or heads):
+    if not (batch or heads or time_axis):
         return call(*split)
-    in_specs = tuple(_spec(layout, batch, heads) for layout in split_layouts)
-    out_specs = (_spec(out_layouts, batch, heads) if isinstance(out_layouts, str)
-                 else tuple(_spec(layout, batch, heads) for layout in out_layouts))
+    in_specs = tuple(_spec(layout, batch, heads, time_axis) for layout in split_layouts)
+    out_specs = (_spec(out_layouts, batch, heads, time_axis) if isinstance(out_layouts, str)
+                 else tuple(_spec(layout, batch, heads, time_axis) for layout in out_layouts))
     # the inner jit keeps the op's trace-time constants inside it: as operands of the shard_map
     # (the zero-size scatter index of an `x.at[:, a:b].add` in a backward) they crashed
     # Shardy's canonicaliser in jax 0.11
