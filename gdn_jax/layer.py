@@ -12,6 +12,9 @@ Shapes: x [B, T, D]; H q/k heads of size K; HV value heads of size V (HV a multi
     y      = (RMSNorm(o) * w_norm * silu(z)) W_o                                 [B, T, D]
 
 L2norm(x) = x / sqrt(sum x^2 + 1e-6); RMSNorm is per value head over V with eps `norm_eps`.
+The op's value ranges hold by construction, for any parameters: g <= 0 (exp(.) softplus(.)
+>= 0), beta = sigmoid(.) in [0, 1], |k_t| < 1 (L2norm), so its range checks (gdn_jax.ops.api;
+under jit in checked mode, kernels_pallas.ranges) never fire for this layer.
 The causal convolution is depthwise with `conv_size` taps; taps reaching before the start of
 the current document (segment_ids) or before t = 0 read zeros.
 

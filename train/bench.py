@@ -4,6 +4,8 @@
     memory       the device allocator's peak_bytes_in_use where it has one (GPU), else XLA's
                  compiled memory analysis: arguments + outputs + temporaries - aliased
     batch        uniform random tokens, one document per row (segment_ids all 1)
+    fit          before compiling, the step's memory estimate is checked against the device's
+                 (train/memory.py, as `fit` does); XLA's out-of-memory is one DeviceMemoryError
 
 Model FLOPs per token (training = forward + backward = 3 x forward; T = seq_len):
 
@@ -52,6 +54,7 @@ import numpy as np
 
 from gdn_jax.layer import GatedDeltaNet
 from train.config import Config
+from train.memory import check_session_fits, out_of_memory_errors
 from train.model import count_params, resolve_vocab_size
 from train.session import build_session, local_batch_size, to_global
 from train.sharding import mesh_context
@@ -142,11 +145,13 @@ def benchmark(config: Config, *, steps: int, warmup: int = 2, profile_dir: str |
         raise ValueError(f"ceiling_size must be >= 1, got {ceiling_size}")
     tokenizer_vocab = config.model.vocab_size or load_tokenizer(config.data.tokenizer).vocab_size
     session = build_session(config, tokenizer_vocab)
+    check_session_fits(config, session.abstract_state, tokenizer_vocab,   # before compiling
+                       dict(session.mesh.shape))
     batch_size, seq_len = local_batch_size(config), config.data.seq_len
     rng = np.random.default_rng(config.train.seed)
     local = {"tokens": rng.integers(0, tokenizer_vocab, (batch_size, seq_len + 1), np.int32),
              "segment_ids": np.ones((batch_size, seq_len + 1), np.int32)}
-    with mesh_context(session.mesh):
+    with mesh_context(session.mesh), out_of_memory_errors(config):
         batch = to_global(session, local)
         state = session.init_state()
         compile_started = time.time()

@@ -219,8 +219,12 @@ def save_run_files(
 
 
 def load_run_config(run_dir: str | os.PathLike) -> dict[str, Any]:
-    """The config dict written by `save_run_files`."""
-    return json.loads((Path(run_dir) / CONFIG_FILENAME).read_text())
+    """The config dict written by `save_run_files`; FileNotFoundError naming the directory
+    when it is not a run directory."""
+    path = Path(run_dir) / CONFIG_FILENAME
+    if not path.is_file():
+        raise FileNotFoundError(f"{run_dir}: not a run directory (no {CONFIG_FILENAME})")
+    return json.loads(path.read_text())
 
 
 # ----------------------------------------------------------------------------- iterator item

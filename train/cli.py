@@ -23,16 +23,22 @@ Exit codes:
     2    invalid command line or config (argparse; a bad preset, override or YAML file)
     3    training diverged (non-finite loss or gradient norm, train.on_nonfinite=stop)
     75   stopped by SIGTERM/SIGINT after checkpointing: re-run the same command to resume
-         (EX_TEMPFAIL: a scheduler should requeue)
+         (EX_TEMPFAIL: a scheduler should requeue); also SIGTERM before training started
+         (loading, restoring, compiling) or outside `fit`: nothing new was saved, re-running
+         continues from the last checkpoint
+    130  SIGINT (Ctrl-C) before training started, or outside `fit`
 A genuine bug is not caught: Python prints its traceback and exits 1.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
+import signal
 import sys
+import threading
 from pathlib import Path
 
 from train.config import Config, ConfigError, load_config
@@ -49,6 +55,30 @@ class UserError(Exception):
     """A mistake on the command line or in its inputs: printed as one `error:` line."""
 
 
+class Terminated(BaseException):
+    """SIGTERM where the training loop's own handler (which checkpoints first) is not
+    installed: unwinds like KeyboardInterrupt, so a run directory claimed before the first
+    step is removed again, and `main` exits with EXIT_PREEMPTED."""
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated
+
+
+@contextlib.contextmanager
+def _sigterm_unwinds():
+    """SIGTERM raises Terminated inside the block (main thread only; the previous handler
+    comes back afterwards)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -56,6 +86,16 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
     return value
 
 
@@ -70,6 +110,8 @@ def _run_dir(args, config_source: str | None, config: Config) -> Path:
                             f"(and train.run_dir) or name a fresh directory")
     else:
         run_dir = default_run_dir(config_source, config, new=args.new)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UserError(f"run directory {run_dir} is a file, expected a directory")
     steps = checkpoint_steps(run_dir)
     print(f"resuming {run_dir} from step {steps[-1]}" if steps else f"new run in {run_dir}",
           flush=True)
@@ -183,20 +225,29 @@ def command_eval(args) -> int:
 
 
 def command_prepare(args) -> int:
+    """Every ValueError (and an existing manifest) here is about the user's --source, --out or
+    sizes: raised as a one-line UserError."""
     from train.data import resolve_source, write_arrayrecord_shards
     from train.tokenizer import ByteTokenizer, train_bpe
 
     out = Path(args.out)
-    if args.vocab_size:
-        corpus = resolve_source(args.source, max_documents=args.max_documents)
-        if not hasattr(corpus, "relative_paths"):
-            raise ValueError(f"--source: BPE training needs a text source, got {args.source!r}")
-        files = [Path(corpus.root) / p for p in corpus.relative_paths]
-        tokenizer = train_bpe(files, args.vocab_size)
-    else:
-        tokenizer = ByteTokenizer()
-    shards = write_arrayrecord_shards(source=args.source, tokenizer=tokenizer, out_dir=out,
-                                      num_shards=args.num_shards, max_documents=args.max_documents)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out: {out} is a file, expected a directory")
+    try:
+        if args.vocab_size:
+            corpus = resolve_source(args.source, max_documents=args.max_documents)
+            if not hasattr(corpus, "relative_paths"):
+                raise ValueError(f"--source: BPE training needs a text source, got "
+                                 f"{args.source!r}")
+            files = [Path(corpus.root) / p for p in corpus.relative_paths]
+            tokenizer = train_bpe(files, args.vocab_size)
+        else:
+            tokenizer = ByteTokenizer()
+        shards = write_arrayrecord_shards(source=args.source, tokenizer=tokenizer, out_dir=out,
+                                          num_shards=args.num_shards,
+                                          max_documents=args.max_documents)
+    except (ValueError, FileExistsError) as error:
+        raise UserError(str(error)) from error
     print(f"wrote {len(shards)} shards and the tokenizer ({tokenizer!r}) to {out}\n"
           f"use: data.source=arrayrecord:{out} data.tokenizer={out / 'tokenizer'}")
     return 0
@@ -313,10 +364,10 @@ def build_parser() -> argparse.ArgumentParser:
                               description="tokenizer + pre-tokenised ArrayRecord shards")
     sub.add_argument("--source", default="stdlib", help="stdlib, a directory or a glob")
     sub.add_argument("--out", required=True, help="output directory")
-    sub.add_argument("--vocab-size", type=int, default=0,
+    sub.add_argument("--vocab-size", type=_non_negative_int, default=0,
                      help="train a byte-level BPE of this size (0: byte tokenizer)")
-    sub.add_argument("--num-shards", type=int, default=4)
-    sub.add_argument("--max-documents", type=int, default=None)
+    sub.add_argument("--num-shards", type=_positive_int, default=4)
+    sub.add_argument("--max-documents", type=_positive_int, default=None)
     sub.set_defaults(handler=command_prepare)
 
     sub = commands.add_parser("plot", help="PNG loss curves and per-position loss of a run",
@@ -331,7 +382,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--batch-size", type=_positive_int,
                      help="global batch (overrides data.batch_size)")
     sub.add_argument("--steps", type=_positive_int, default=10, help="timed steps")
-    sub.add_argument("--warmup", type=int, default=2, help="untimed steps after compiling")
+    sub.add_argument("--warmup", type=_non_negative_int, default=2,
+                     help="untimed steps after compiling")
     sub.add_argument("--out", help="JSON output (default: runs/bench-<config>-len<T>.json)")
     sub.add_argument("--profile", metavar="DIR",
                      help="also write a jax.profiler trace of 3 more steps to DIR")
@@ -372,7 +424,14 @@ def main(argv: list[str] | None = None) -> int:
     from train.runs import RunLockedError
 
     try:
-        return args.handler(args)
+        with _sigterm_unwinds():
+            return args.handler(args)
+    except Terminated:
+        if args.verbose:
+            raise
+        print("error: stopped by SIGTERM before anything new was checkpointed; re-run the same "
+              "command to continue", file=sys.stderr)
+        return EXIT_PREEMPTED
     except KeyboardInterrupt:
         if args.verbose:
             raise
@@ -380,6 +439,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except Exception as error:
         from train.fit import DivergenceError, RunSetupError
+        from train.metrics import MetricsFileError
         from train.session import RangeCheckError
 
         from yaml import YAMLError
@@ -387,7 +447,7 @@ def main(argv: list[str] | None = None) -> int:
         user_errors = (UserError, ConfigError, YAMLError, FileNotFoundError, NotADirectoryError,
                        PermissionError, UnreadableCheckpointError, NoReadableCheckpointError,
                        RunLockedError, DivergenceError, RunSetupError, DeviceMemoryError,
-                       RangeCheckError)
+                       RangeCheckError, MetricsFileError)
         if args.verbose or not isinstance(error, user_errors):
             raise
         what = "malformed YAML: " if isinstance(error, YAMLError) else ""

@@ -149,6 +149,8 @@ def _arrayrecord_corpus(spec: str) -> ArrayRecordCorpus:
     from array_record.python.array_record_module import ArrayRecordReader
 
     pattern = spec[len(ARRAYRECORD_PREFIX):]
+    if not glob.has_magic(pattern) and not Path(pattern).exists():
+        raise FileNotFoundError(f"source: {spec!r}: {pattern!r} does not exist")
     if Path(pattern).is_dir():
         pattern = str(Path(pattern) / "*.arrayrecord")
     shards = sorted(str(Path(p).resolve()) for p in glob.glob(pattern) if Path(p).is_file())
@@ -162,9 +164,7 @@ def _arrayrecord_corpus(spec: str) -> ArrayRecordCorpus:
         directory = Path(shard).parent
         if directory not in manifests:
             manifest_path = directory / MANIFEST_FILENAME
-            manifests[directory] = (
-                json.loads(manifest_path.read_text()) if manifest_path.is_file() else None
-            )
+            manifests[directory] = _read_manifest(manifest_path)
         manifest = manifests[directory]
         reader = ArrayRecordReader(shard)
         num_records = reader.num_records()
@@ -195,6 +195,16 @@ def _arrayrecord_corpus(spec: str) -> ArrayRecordCorpus:
                              tuple(lengths) if lengths is not None else None)
 
 
+def _read_manifest(path: Path) -> dict | None:
+    """manifest.json beside shards (None when there is none); ValueError naming a bad one."""
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"source: {path} is not valid JSON ({error})") from None
+
+
 def resolve_source(source: str, *, max_documents: int | None = None) -> Corpus:
     """The sorted documents of `source` (see module docstring), capped to `max_documents`."""
     if not isinstance(source, str) or not source:
@@ -209,6 +219,8 @@ def resolve_source(source: str, *, max_documents: int | None = None) -> Corpus:
         corpus = _directory_corpus(Path(source).resolve())
     elif not glob.has_magic(source) and not Path(source).exists():
         raise FileNotFoundError(f"source: {source!r} does not exist")
+    elif not glob.glob(source, recursive=True):
+        raise ValueError(f"source: no file matches {source!r}")
     else:
         corpus = _glob_corpus(source)
     if not corpus.keys:

@@ -30,8 +30,8 @@ def command_export(args) -> int:
         out_dir, step = export_run(args.run_dir, args.out, format=args.format, dtype=args.dtype,
                                    step=args.step)
     except (ExportError, FileNotFoundError) as error:
-        print(f"export error: {error}", file=sys.stderr)
-        return 2
+        print(f"error: {error}", file=sys.stderr)     # a user mistake: exit code 1 (train/cli.py)
+        return 1
     model_type = json.loads((out_dir / CONFIG_FILE).read_text())["model_type"]
     print(f"exported step {step} of {args.run_dir} as {model_type} ({args.dtype}) to {out_dir}")
     return 0

@@ -166,7 +166,12 @@ def _fit_locked(config: Config, run_dir: Path, hooks: FitHooks, mesh: Mesh | Non
         if isinstance(error, Exception):
             _raise_out_of_memory(error, config)      # the state may not fit either
         raise
-    writer = MetricsWriter(run_dir, tensorboard=t.tensorboard, resume_step=start_step)
+    try:
+        with _setup_errors():       # a damaged metrics.jsonl (metrics.MetricsFileError)
+            writer = MetricsWriter(run_dir, tensorboard=t.tensorboard, resume_step=start_step)
+    except BaseException:
+        checkpointer.close()
+        raise
 
     step = start_step
     log = _StepLog(writer, bar, t.steps, config.data.batch_size * config.data.seq_len, start_step)

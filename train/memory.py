@@ -25,6 +25,7 @@ XLA's RESOURCE_EXHAUSTED into one DeviceMemoryError line naming what to lower.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 import jax
@@ -146,6 +147,29 @@ def check_fits(config: Config, estimate: MemoryEstimate, limit_bytes: int | None
     raise DeviceMemoryError(
         f"the train step needs at least {estimate.describe()}, more than the "
         f"{format_bytes(limit_bytes)} of device memory: {_what_to_lower(config)}")
+
+
+def check_session_fits(config: Config, abstract_state, vocab_size: int,
+                       mesh_shape: dict[str, int]) -> MemoryEstimate:
+    """The estimate of a session's train step (mesh_shape: its mesh.shape), checked against
+    this device's memory (`check_fits`); returns the estimate."""
+    estimate = estimate_train_memory(config, abstract_state, vocab_size,
+                                     (mesh_shape["data"], mesh_shape["fsdp"],
+                                      mesh_shape["tensor"], mesh_shape.get("context", 1)))
+    check_fits(config, estimate, device_memory_bytes())
+    return estimate
+
+
+@contextlib.contextmanager
+def out_of_memory_errors(config: Config):
+    """Inside the block, XLA's out-of-memory is raised as a DeviceMemoryError."""
+    try:
+        yield
+    except Exception as error:
+        memory_error = out_of_memory_error(error, config)
+        if memory_error is None:
+            raise
+        raise memory_error from error
 
 
 def out_of_memory_error(error: BaseException, config: Config) -> DeviceMemoryError | None:

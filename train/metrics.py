@@ -34,6 +34,11 @@ TENSORBOARD_DIR = "tensorboard"
 log = logging.getLogger(__name__)
 
 
+class MetricsFileError(ValueError):
+    """metrics.jsonl is damaged before its final line (a crash tears only the final line,
+    which readers skip and a resume repairs), or holds nothing to plot."""
+
+
 def _is_writer() -> bool:
     return jax.process_index() == 0
 
@@ -150,7 +155,9 @@ def _parse_lines(path: Path) -> tuple[list[dict[str, Any]], bool]:
             records.append(json.loads(line))
         except json.JSONDecodeError:
             if index < len(lines) - 1:
-                raise ValueError(f"{path}: line {number} is not a JSON record") from None
+                raise MetricsFileError(
+                    f"{path}: line {number} is not a JSON record (only a torn final line is "
+                    f"skipped); repair or delete that line") from None
             torn = True
     return records, torn
 

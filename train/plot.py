@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from train.metrics import read_metrics
+from train.metrics import MetricsFileError, read_metrics
 
 
 def _running_mean(values: np.ndarray, window: int) -> np.ndarray:
@@ -38,7 +38,7 @@ def plot_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike | None = Non
     train = [r for r in records if r["kind"] == "train"]
     evals = [r for r in records if r["kind"] == "eval"]
     if not train and not evals:
-        raise ValueError(f"{run_dir}: metrics.jsonl has no train or eval records to plot")
+        raise MetricsFileError(f"{run_dir}: metrics.jsonl has no train or eval records to plot")
     written = []
 
     figure, axis = plt.subplots(figsize=(7, 4.2))

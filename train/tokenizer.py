@@ -198,6 +198,9 @@ def load_tokenizer(dir_or_spec: str | os.PathLike) -> Tokenizer:
         return ByteTokenizer()
     directory = Path(dir_or_spec)
     meta_path = directory / META_FILENAME
+    if not directory.exists():
+        raise ValueError(f"dir_or_spec: tokenizer {str(dir_or_spec)!r} does not exist (expected "
+                         f"'byte' or a directory containing {META_FILENAME})")
     if not meta_path.is_file():
         raise ValueError(
             f"dir_or_spec: expected 'byte' or a directory containing {META_FILENAME}, "

@@ -5,6 +5,10 @@
     phi, psi = fields(delta, g, h);  beta = softplus(rho) [H]
     bias_ts = beta * min(0, min_{s<u<=t} phi_u - psi_s)   (fpa_attention)
     y = attention(q, k, v, bias) @ W_out                  [B, T, D]
+
+beta = softplus(rho) > 0 by construction (float32 softplus underflows to 0 only below
+rho = -87), so the op's beta > 0 check (fpa_jax.fpa.checks; under jit in checked mode,
+kernels_pallas.ranges) does not fire for this layer.
 """
 
 from __future__ import annotations

@@ -91,6 +91,49 @@ def test_user_mistakes_are_one_line_errors_and_leave_no_run_dir(tmp_path, corpus
         assert "expected an integer >= 1, got 0" in capsys.readouterr().err
 
 
+def test_data_tokenizer_run_dir_and_prepare_mistakes_are_one_line_errors(tmp_path, corpus, capsys):
+    run_dir = tmp_path / "run"
+    for source, expected in ((f"arrayrecord:{tmp_path / 'no_shards'}", "does not exist"),
+                             (f"{tmp_path / 'nowhere'}/*.py", "no file matches")):
+        assert main(["fit", "tiny_softmax", *overrides(corpus, f"data.source={source}"),
+                     "--run-dir", str(run_dir)]) == 1
+        assert expected in error_line(capsys) and not run_dir.exists()
+    assert main(["fit", "tiny_softmax", *overrides(corpus, f"data.tokenizer={tmp_path / 'tok'}"),
+                 "--run-dir", str(run_dir)]) == 1
+    assert f"tokenizer '{tmp_path / 'tok'}' does not exist" in error_line(capsys)
+    assert not run_dir.exists()
+    (tmp_path / "a_file").write_text("x")
+    assert main(["fit", "tiny_softmax", *overrides(corpus), "--run-dir",
+                 str(tmp_path / "a_file")]) == 1
+    assert "is a file, expected a directory" in error_line(capsys)
+    assert main(["eval", str(corpus)]) == 1                 # a directory that is not a run
+    assert f"{corpus}: not a run directory (no config.json)" in error_line(capsys)
+
+    shards = tmp_path / "shards"
+    assert main(["prepare", "--source", str(tmp_path / "empty_source"), "--out", str(shards)]) == 1
+    assert "does not exist" in error_line(capsys)
+    assert main(["prepare", "--source", str(corpus), "--out", str(tmp_path / "a_file")]) == 1
+    assert "is a file" in error_line(capsys)
+    assert main(["prepare", "--source", str(corpus), "--out", str(shards), "--vocab-size", "5"]) == 1
+    assert "vocab_size" in error_line(capsys)
+    assert main(["prepare", "--source", str(corpus), "--out", str(shards), "--num-shards", "99"]) == 1
+    assert "exceeds" in error_line(capsys) and not (shards / "manifest.json").exists()
+    assert main(["prepare", "--source", str(corpus), "--out", str(shards), "--num-shards", "2"]) == 0
+    assert main(["prepare", "--source", str(corpus), "--out", str(shards)]) == 1
+    assert "already holds shards" in error_line(capsys)
+    (shards / "manifest.json").write_text("{")
+    assert main(["fit", "tiny_softmax", *overrides(corpus, f"data.source=arrayrecord:{shards}"),
+                 "--run-dir", str(run_dir)]) == 1
+    assert f"{shards / 'manifest.json'} is not valid JSON" in error_line(capsys)
+    for argv in (["prepare", "--out", str(shards), "--num-shards", "0"],
+                 ["prepare", "--out", str(shards), "--max-documents", "0"],
+                 ["prepare", "--out", str(shards), "--vocab-size", "-1"],
+                 ["bench", "tiny_softmax", "--warmup", "-1"]):
+        with pytest.raises(SystemExit) as exited:
+            main(argv)
+        assert exited.value.code == 2 and "expected an integer >=" in capsys.readouterr().err
+
+
 def test_a_genuine_bug_keeps_its_traceback_and_v_shows_user_errors(monkeypatch, tmp_path):
     def broken(*args, **kwargs):
         raise ZeroDivisionError("a bug")
@@ -239,3 +282,65 @@ def test_sigterm_exits_75_after_checkpoint_and_rerunning_resumes(tmp_path, corpu
     first, rc, rest = run_until_first_step()         # the same command resumes that run
     assert first == f"resuming {run_dir.relative_to(tmp_path)} from step {steps[0]}\n"
     assert rc == EXIT_PREEMPTED and checkpoint_steps(run_dir)[-1] > steps[0]
+
+
+def test_a_signal_before_the_first_step_exits_with_its_code_and_leaves_no_run_dir(
+        tmp_path, corpus, capsys, monkeypatch):
+    """SIGTERM while a run is still loading (before the training loop's own handler): exit 75
+    and the fresh run directory removed; SIGINT there: 130. The caller's handler comes back."""
+    received = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: received.append(signum))
+    import train.fit
+
+    original = train.fit.build_session
+    sent = []
+
+    def build_session_then_signal(*args, **kwargs):
+        os.kill(os.getpid(), sent[-1])
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(train.fit, "build_session", build_session_then_signal)
+    try:
+        for signum, code, message in ((signal.SIGTERM, EXIT_PREEMPTED, "stopped by SIGTERM"),
+                                      (signal.SIGINT, 130, "interrupted")):
+            sent.append(signum)
+            assert main(["fit", "tiny_softmax", *overrides(corpus, "train.steps=2"),
+                         "--run-dir", str(tmp_path / "run")]) == code
+            assert message in error_line(capsys, after_progress=True)
+            assert not (tmp_path / "run").exists() and not received
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert received == [signal.SIGTERM]
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def test_bench_refuses_a_step_that_cannot_fit_and_maps_out_of_memory(tmp_path, capsys, monkeypatch):
+    """`bench` (how an operator tries a batch or context length) checks the memory estimate
+    before compiling and turns XLA's out-of-memory into one line, as `fit` does."""
+    import train.bench
+
+    argv = ["bench", "tiny_softmax", *TINY, "--steps", "1", "--out", str(tmp_path / "b.json")]
+    monkeypatch.setattr("train.memory.device_memory_bytes", lambda: 2**16)
+    assert main([*argv, "--context", "64"]) == 1
+    line = error_line(capsys)
+    assert line.startswith("error: the train step needs at least") and "64.00 KiB" in line
+    assert "data.seq_len (64)" in line
+    monkeypatch.undo()
+
+    class RunsOutOfMemory:
+        def lower(self, *args):
+            raise jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to "
+                                             "allocate 9.00GiB.\nmore")
+
+    original = train.bench.build_session
+
+    def build_session_that_runs_out(*args, **kwargs):
+        session = original(*args, **kwargs)
+        session.train_step = RunsOutOfMemory()
+        return session
+
+    monkeypatch.setattr(train.bench, "build_session", build_session_that_runs_out)
+    assert main(argv) == 1
+    line = error_line(capsys)
+    assert line.startswith("error: out of device memory (RESOURCE_EXHAUSTED: Out of memory")
+    assert "lower data.batch_size (2)" in line and not (tmp_path / "b.json").exists()

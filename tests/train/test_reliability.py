@@ -163,6 +163,23 @@ def test_torn_line_and_replayed_steps_are_repaired_and_tensorboard_is_one_stream
     assert events == [("train/loss", s) for s in range(1, 8)]  # each step once, in order
 
 
+def test_a_damaged_metrics_file_is_a_one_line_error(tmp_path, capsys):
+    """Damage before the final line is no crash's torn write: `plot` (and a resume, through
+    the same reader) refuses it in one `error:` line naming the line; so does a run with
+    nothing to plot."""
+    (tmp_path / METRICS_FILE).write_text('{"kind": "train", "step": 1, "loss": 1.0}\n'
+                                         '{"kind": "tr\n'
+                                         '{"kind": "train", "step": 2, "loss": 0.5}\n')
+    assert main(["plot", str(tmp_path)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {tmp_path / METRICS_FILE}: line 2 is "
+                                               "not a JSON record"), err
+    (tmp_path / METRICS_FILE).write_text('{"kind": "throughput", "step": 1}\n')
+    assert main(["plot", str(tmp_path)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and "no train or eval records" in err[0]
+
+
 # ------------------------------------------------------------------ items 10, 11: a real run
 
 def test_run_startup_record_and_resume(tmp_path, corpus, capsys):
@@ -206,6 +223,37 @@ def test_run_startup_record_and_resume(tmp_path, corpus, capsys):
     assert sorted(s for tag, s in events if tag == "train/loss") == [1, 2, 3, 4, 5]
 
 
+def test_compile_time_stays_out_of_the_eta_and_tokens_per_second():
+    """The first step (compiling, here a 0.5 s sleep) is timed apart: the ETA after it
+    extrapolates the steps' own time, not the compile time (which would give >= 499 s)."""
+    import io
+    import re
+    import time
+
+    from train.fit import _first_step, _StepLog
+    from train.metrics import ProgressBar
+
+    class Writer:
+        def write(self, kind, step, values):
+            pass
+
+    class CompilingSession:
+        def train_step(self, state, batch):
+            time.sleep(0.5)
+            return state, {"loss": jnp.float32(1.0)}
+
+    stream = io.StringIO()
+    bar = ProgressBar(1000, stream=stream)
+    log = _StepLog(Writer(), bar, 1000, 32, start_step=0)
+    _, metrics = _first_step(CompilingSession(), {}, {}, bar, log)
+    log.add(metrics)
+    log.flush(1)
+    (line,) = [l for l in stream.getvalue().splitlines() if l.startswith("step 1/1000")]
+    hours, minutes, seconds = map(int, re.search(r"ETA (\d+):(\d+):(\d+)$", line).groups())
+    assert 3600 * hours + 60 * minutes + seconds < 60, line
+    assert np.isnan(log.tokens_per_second())                 # the first window is not timed
+
+
 def test_config_command_prints_the_resolved_config(capsys):
     import yaml
 
@@ -231,9 +279,12 @@ def test_gradient_accumulation_matches_the_whole_batch():
     from train.optimizer import build_optimizer, learning_rate_schedule
     from train.step import make_train_step
 
+    traced_rows = []                                            # rows per model call
+
     class Bigram(nn.Module):
         @nn.compact
         def __call__(self, inputs, segment_ids):
+            traced_rows.append(inputs.shape[0])
             hidden = nn.Embed(64, 8)(inputs) * segment_ids[..., None]
             return nn.Dense(64)(jnp.tanh(hidden))
 
@@ -253,7 +304,9 @@ def test_gradient_accumulation_matches_the_whole_batch():
     state = {"step": jnp.zeros((), jnp.int32), "params": params,
              "opt_state": optimizer.init(params)}
     whole = jax.jit(make_train_step(model, optimizer, schedule))(state, batch)
+    traced_rows.clear()
     accumulated = jax.jit(make_train_step(model, optimizer, schedule, 4))(state, batch)
+    assert traced_rows and set(traced_rows) == {2}             # the model saw micro-batches
     for name in ("loss", "grad_norm", "target_tokens"):
         np.testing.assert_allclose(accumulated[1][name], whole[1][name], rtol=2e-6, err_msg=name)
     for got, want in zip(jax.tree.leaves(accumulated[0]["params"]),
@@ -261,3 +314,17 @@ def test_gradient_accumulation_matches_the_whole_batch():
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
     with pytest.raises(ValueError, match="grad_accum"):
         make_train_step(model, optimizer, schedule, 0)
+
+
+def test_grad_accum_option_reaches_the_train_step(monkeypatch):
+    import train.session
+
+    original, passed = train.session.make_train_step, []
+
+    def recording(*args):
+        passed.append(args[3:])
+        return original(*args)
+
+    monkeypatch.setattr(train.session, "make_train_step", recording)
+    build_session(load_config(None, [*TINY, "train.grad_accum=2"]), 257)
+    assert passed == [(2,)]

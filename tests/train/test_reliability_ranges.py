@@ -101,3 +101,28 @@ def test_trainer_checked_step_raises_range_check_error():
     step({"g": inputs["g"]}, batch)
     with pytest.raises(RangeCheckError, match="train.check_ranges: g: expected log decay"):
         step({"g": -inputs["g"]}, batch)
+
+
+def test_layers_keep_the_ranges_by_construction():
+    """GatedDeltaNet and FPAAttention with random parameters blown up 30x (FPA's rho down to
+    -60): in checked mode under jit, no range check fires and the outputs stay finite."""
+    from fpa_jax import FPAAttention
+    from gdn_jax import GatedDeltaNet
+
+    rng = np.random.default_rng(case_seed(1305))
+    x = jnp.asarray(rng.standard_normal((2, 11, 16)), jnp.float32)
+    for layer in (GatedDeltaNet(num_heads=2, head_dim=4, implementation="reference"),
+                  FPAAttention(num_heads=2, head_dim=8, implementation="reference")):
+        params = layer.init(jax.random.PRNGKey(case_seed(1306)), x)["params"]
+        params = jax.tree.map(lambda p: 30.0 * p + jnp.asarray(
+            rng.standard_normal(p.shape), p.dtype), params)
+        if "rho" in params:
+            params = {**params, "rho": jnp.asarray([-60.0, 5.0], jnp.float32)}
+
+        def apply(params):
+            with checked_ranges():
+                return layer.apply({"params": params}, x)
+
+        error, out = jax.jit(checkify.checkify(apply, errors=checkify.user_checks))(params)
+        assert error.get() is None, (type(layer).__name__, error.get())
+        assert np.all(np.isfinite(out)), type(layer).__name__
