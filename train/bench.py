@@ -2,7 +2,8 @@
 
     tokens/s     batch_size * seq_len * steps / seconds, after `warmup` untimed steps
     memory       the device allocator's peak_bytes_in_use where it has one (GPU), else XLA's
-                 compiled memory analysis: arguments + outputs + temporaries - aliased
+                 compiled memory analysis: arguments + outputs + temporaries - aliased; beside
+                 it train/memory.py's estimate per device (meant to err low: estimate / peak < 1)
     batch        uniform random tokens, one document per row (segment_ids all 1)
     fit          before compiling, the step's memory estimate is checked against the device's
                  (train/memory.py, as `fit` does); XLA's out-of-memory is one DeviceMemoryError
@@ -145,8 +146,8 @@ def benchmark(config: Config, *, steps: int, warmup: int = 2, profile_dir: str |
         raise ValueError(f"ceiling_size must be >= 1, got {ceiling_size}")
     tokenizer_vocab = config.model.vocab_size or load_tokenizer(config.data.tokenizer).vocab_size
     session = build_session(config, tokenizer_vocab)
-    check_session_fits(config, session.abstract_state, tokenizer_vocab,   # before compiling
-                       dict(session.mesh.shape))
+    estimate = check_session_fits(config, session.abstract_state, tokenizer_vocab,
+                                  dict(session.mesh.shape))             # before compiling
     batch_size, seq_len = local_batch_size(config), config.data.seq_len
     rng = np.random.default_rng(config.train.seed)
     local = {"tokens": rng.integers(0, tokenizer_vocab, (batch_size, seq_len + 1), np.int32),
@@ -194,6 +195,7 @@ def benchmark(config: Config, *, steps: int, warmup: int = 2, profile_dir: str |
         "seconds_per_step": seconds / steps,
         "tokens_per_second": tokens_per_second,
         "peak_memory_bytes": peak, "memory_source": source,
+        "memory_estimate_bytes": estimate.total_bytes,
         "final_loss": float(metrics["loss"]),
         "model_flops_per_token": flops["total"], "flops_terms": flops,
         "achieved_tflops": achieved,

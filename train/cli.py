@@ -294,6 +294,8 @@ def command_bench(args) -> int:
                                 f"({result['matmul_ceiling_size']}^3, measured now)"),
         ("MFU", f"{100 * result['mfu']:.1f}%"),
         ("peak memory", f"{result['peak_memory_bytes'] / 2**30:.3f} GiB ({result['memory_source']})"),
+        ("estimate", f"{result['memory_estimate_bytes'] / 2**30:.3f} GiB (train/memory.py; "
+                     f"{result['memory_estimate_bytes'] / result['peak_memory_bytes']:.2f} x peak)"),
         ("compile", f"{result['compile_seconds']:.1f} s"),
         *([("profile", f"{result['profile_dir']} (TensorBoard profile plugin or Perfetto)")]
           if result["profile_dir"] else []),

@@ -2,6 +2,7 @@
 
     python -m train.memory_check --out DIR [--presets tiny_fpa,gdn_125m] [--seq-lens 512,2048]
                                  [--batch-sizes 8,32] [--vocab 32768] [--oom-batch 4096]
+                                 [--case-timeout 900]
 
 For every (preset, seq_len, batch_size) a fresh subprocess builds the session, estimates, and
 then runs one train step on random tokens (one document per row) and reads the allocator's
@@ -74,10 +75,16 @@ def _one_case(preset: str, seq_len: int, batch_size: int, vocab: int, enforce: b
             "seconds": time.time() - started, "loss": float(jnp.asarray(metrics["loss"]))}
 
 
-def _run_subprocess(preset, seq_len, batch_size, vocab, enforce) -> dict:
+def _run_subprocess(preset, seq_len, batch_size, vocab, enforce, timeout) -> dict:
     command = [sys.executable, "-m", "train.memory_check", "--one",
                json.dumps([preset, seq_len, batch_size, vocab, enforce])]
-    completed = subprocess.run(command, capture_output=True, text=True)
+    try:
+        completed = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as expired:
+        tail = " ".join(str(expired.stderr or "").strip().splitlines()[-3:])
+        return {"preset": preset, "seq_len": seq_len, "batch_size": batch_size,
+                "status": f"timed out after {timeout} s", "message": tail[-300:],
+                "estimate_bytes": None, "peak_bytes": None}
     for line in completed.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT "):])
@@ -103,6 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vocab", type=int, default=257, help="tokenizer vocabulary size")
     parser.add_argument("--oom-batch", type=int, default=0,
                         help="also run this batch per preset (at the first seq len) unrefused")
+    parser.add_argument("--case-timeout", type=float, default=900,
+                        help="seconds one case may take (its subprocess is then killed)")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.one:
@@ -120,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
               f"status")
     print(header)
     for preset, seq_len, batch_size, enforce in cases:
-        result = _run_subprocess(preset, seq_len, batch_size, args.vocab, enforce)
+        result = _run_subprocess(preset, seq_len, batch_size, args.vocab, enforce,
+                                 args.case_timeout)
         results.append(result)
         estimate, peak = result.get("estimate_bytes"), result.get("peak_bytes")
         ratio = f"{estimate / peak:.2f}" if estimate and peak else "n/a"
