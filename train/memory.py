@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import re
 
 import jax
 import numpy as np
@@ -179,5 +180,7 @@ def out_of_memory_error(error: BaseException, config: Config) -> DeviceMemoryErr
     text = str(error)
     if "RESOURCE_EXHAUSTED" not in text and "out of memory" not in text.lower():
         return None
-    first = " ".join(text.strip().splitlines()[0].split())[:200]
-    return DeviceMemoryError(f"out of device memory ({first}): {_what_to_lower(config)}")
+    allocation = re.search(r"Out of memory while trying to allocate ([0-9.]+ ?[KMGT]?i?B)", text)
+    what = (f"could not allocate {allocation.group(1)}" if allocation else
+            " ".join(text.strip().splitlines()[0].split())[:200])
+    return DeviceMemoryError(f"out of device memory ({what}): {_what_to_lower(config)}")
