@@ -100,8 +100,9 @@ def _non_negative_int(text: str) -> int:
 
 
 def _run_dir(args, config_source: str | None, config: Config) -> Path:
-    """--run-dir, train.run_dir, or the default derived from the config; prints which run."""
-    from train.runs import checkpoint_steps, default_run_dir
+    """--run-dir, train.run_dir, or the default derived from the config; prints which run
+    (after refusing a run directory another process holds)."""
+    from train.runs import checkpoint_steps, default_run_dir, require_unlocked
 
     if args.run_dir or config.train.run_dir:
         run_dir = Path(args.run_dir or config.train.run_dir)
@@ -112,6 +113,7 @@ def _run_dir(args, config_source: str | None, config: Config) -> Path:
         run_dir = default_run_dir(config_source, config, new=args.new)
     if run_dir.exists() and not run_dir.is_dir():
         raise UserError(f"run directory {run_dir} is a file, expected a directory")
+    require_unlocked(run_dir)
     steps = checkpoint_steps(run_dir)
     print(f"resuming {run_dir} from step {steps[-1]}" if steps else f"new run in {run_dir}",
           flush=True)

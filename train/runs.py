@@ -114,6 +114,31 @@ def default_run_dir(config_source: str | None, config: Config, *, new: bool = Fa
     return path
 
 
+def _take_lock(fd: int, run_dir: Path) -> None:
+    """flock the open run.lock without waiting; RunLockedError naming its holder."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "unknown process"
+        raise RunLockedError(
+            f"{run_dir} is in use by another process ({holder}); wait for it to finish, "
+            f"or pass another --run-dir (or --new)") from None
+
+
+def require_unlocked(run_dir: str | Path) -> None:
+    """RunLockedError now if another process holds run_dir's lock (so a refused command says
+    so before announcing a new or resumed run); `run_lock` still takes the lock itself."""
+    path = Path(run_dir) / LOCK_FILE
+    if jax.process_index() != 0 or not path.is_file():
+        return
+    fd = os.open(path, os.O_RDWR)
+    try:
+        _take_lock(fd, Path(run_dir))
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
 @contextlib.contextmanager
 def run_lock(run_dir: str | Path) -> Iterator[None]:
     """Exclusive lock on run_dir/run.lock (process 0 of a multi-host run takes it)."""
@@ -124,13 +149,7 @@ def run_lock(run_dir: str | Path) -> Iterator[None]:
     run_dir.mkdir(parents=True, exist_ok=True)
     fd = os.open(run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "unknown process"
-            raise RunLockedError(
-                f"{run_dir} is in use by another process ({holder}); wait for it to finish, "
-                f"or pass another --run-dir (or --new)") from None
+        _take_lock(fd, run_dir)
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
         try:

@@ -167,6 +167,17 @@ def test_default_run_dir_is_derived_from_the_config_and_new_starts_another(tmp_p
     assert default_run_dir("tiny_softmax", a, runs_dir=tmp_path, new=True).name == path.name + "-2"
 
 
+def test_a_held_run_dir_is_refused_before_the_run_is_announced(tmp_path, corpus, capsys):
+    run_dir = tmp_path / "held"
+    with run_lock(run_dir):
+        assert main(["fit", "tiny_softmax", *overrides(corpus, "train.steps=2"),
+                     "--run-dir", str(run_dir)]) == 1
+        out, err = capsys.readouterr()
+    assert "new run" not in out and "resuming" not in out, out
+    assert err.startswith("error: ") and "is in use by another process" in err, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
 def test_one_writer_per_run_dir_and_a_dead_holders_lock_is_stale(tmp_path):
     run_dir = tmp_path / "run"
     with run_lock(run_dir):
