@@ -187,7 +187,7 @@ def save_run_files(
 
     config: the run's JSON-serialisable config dict. If config.json exists with different
         content (a resumed run with changed settings), it is kept and the new config is written
-        to config.<UTC time>.json, with a warning.
+        to config.<UTC time>.json, unless an earlier attempt already wrote the same one.
     tokenizer: a train.tokenizer tokenizer or None. An existing run_dir/tokenizer must have
         the same fingerprint (ValueError otherwise: changing tokenisation mid-run is an error).
     """
@@ -197,11 +197,12 @@ def save_run_files(
     config_path = run / CONFIG_FILENAME
     if not config_path.exists():
         config_path.write_text(text)
-    elif config_path.read_text() != text:
+    elif config_path.read_text() != text and not any(
+            copy.read_text() == text for copy in run.glob("config.*.json")):
         stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
         config_path.with_name(f"config.{stamp}.json").write_text(text)
-        log.warning("config differs from %s (the trainer names the keys that differ); kept it "
-                    "and wrote config.%s.json", config_path, stamp)
+        log.info("config differs from %s (the trainer warns naming the keys); kept it and "
+                 "wrote config.%s.json", config_path, stamp)
     if tokenizer is None:
         return
     tokenizer_dir = run / TOKENIZER_DIRNAME
@@ -469,7 +470,7 @@ class Checkpointer:
         self._verify = verify_fingerprints
         self.read_only = read_only
         if read_only and not self.directory.is_dir():
-            raise FileNotFoundError(f"{self.directory}: checkpoint directory does not exist")
+            raise FileNotFoundError(f"{self.directory}: no checkpoint (the directory does not exist)")
         self.directory.mkdir(parents=True, exist_ok=True)
         for leftover in sorted(p for p in self.directory.iterdir()
                                if TMP_MARKER in p.name and not read_only):

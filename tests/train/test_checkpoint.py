@@ -411,7 +411,7 @@ def test_preemption_flag_in_process():
 
 
 def test_run_files_written_once(tmp_path, caplog):
-    caplog.set_level(logging.WARNING, logger="train.checkpoint")
+    caplog.set_level(logging.INFO, logger="train.checkpoint")
     config = {"model": {"width": 64, "layers": (2, 3)}, "path": tmp_path}
     save_run_files(tmp_path, config=config, tokenizer=ByteTokenizer())
     save_run_files(tmp_path, config=config, tokenizer=ByteTokenizer())
@@ -421,6 +421,10 @@ def test_run_files_written_once(tmp_path, caplog):
     save_run_files(tmp_path, config={"model": {"width": 128}})
     assert load_run_config(tmp_path)["model"]["width"] == 64
     assert len(list(tmp_path.glob("config.*.json"))) == 1 and "config differs" in caplog.text
+    copy, = tmp_path.glob("config.*.json")
+    copy.rename(tmp_path / "config.20000101T000000Z.json")        # written at an earlier time
+    save_run_files(tmp_path, config={"model": {"width": 128}})   # a retry: no second copy
+    assert len(list(tmp_path.glob("config.*.json"))) == 1
 
     class OtherTokenizer(ByteTokenizer):
         fingerprint = "0" * 64
