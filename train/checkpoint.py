@@ -373,6 +373,10 @@ def _all_processes(ok: bool) -> bool:
     return bool(np.all(multihost_utils.process_allgather(np.asarray(ok))))
 
 
+class StateMismatchError(ValueError):
+    """The requested state's tree, shapes or dtypes differ from the checkpoint's."""
+
+
 def _check_tree_matches(recorded: list[dict], requested: list[dict], step: int) -> None:
     def table(records):
         return {r["path"]: (tuple(r["shape"]), r["dtype"]) for r in records}
@@ -385,7 +389,7 @@ def _check_tree_matches(recorded: list[dict], requested: list[dict], step: int) 
         for p in wanted if p in saved and saved[p] != wanted[p]
     ]
     if problems:
-        raise ValueError(
+        raise StateMismatchError(
             f"abstract_state: does not match the state saved at step {step}: "
             + "; ".join(problems[:8])
             + (f" (+{len(problems) - 8} more)" if len(problems) > 8 else "")

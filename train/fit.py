@@ -108,6 +108,23 @@ def _setup_errors():
         raise RunSetupError(str(error)) from error
 
 
+def _restore_latest(checkpointer, session, data_iterator, run_dir: Path, config: Config):
+    """The newest readable checkpoint (None if there is none). A state that no longer matches
+    the config's model is a RunSetupError naming the config keys that changed."""
+    try:
+        return checkpointer.restore_latest(session.abstract_state, data_iterator=data_iterator,
+                                           ignore_saved=RETIRED_STATE_KEYS)
+    except ckpt.StateMismatchError as error:
+        changes = ckpt.config_changes(ckpt.load_run_config(run_dir), config.to_dict())
+        shown = "; ".join(changes[:6]) + (f" (+{len(changes) - 6} more)" if len(changes) > 6
+                                          else "")
+        raise RunSetupError(
+            f"{run_dir}: the model or optimizer state no longer matches the checkpoint "
+            f"(config changes: {shown or 'none'}); a run keeps its model and optimizer: undo "
+            f"those changes, or start another run with --new or another --run-dir. "
+            f"First difference: {str(error).split(': ', 2)[-1].split('; ')[0]}") from error
+
+
 class DivergenceError(RuntimeError):
     """The loss or gradient norm became non-finite and train.on_nonfinite is "stop"."""
 
@@ -143,9 +160,7 @@ def _fit_locked(config: Config, run_dir: Path, hooks: FitHooks, mesh: Mesh | Non
 
     try:
         with _setup_errors():
-            restored = checkpointer.restore_latest(
-                session.abstract_state, data_iterator=train_iterator,
-                ignore_saved=RETIRED_STATE_KEYS)
+            restored = _restore_latest(checkpointer, session, train_iterator, run_dir, config)
             if restored is not None:
                 state, start_step = restored.state, restored.step
                 extra = (hooks.resume(restored) if hooks.resume

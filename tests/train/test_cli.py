@@ -245,6 +245,18 @@ def test_divergence_stops_before_checkpointing_or_skips(tmp_path, corpus, capsys
 
 # ------------------------------------------------------------------ eval is read-only
 
+def test_resuming_with_another_model_names_the_changed_keys(tmp_path, corpus, capsys):
+    run_dir = tmp_path / "run"
+    argv = ["fit", "tiny_softmax", *overrides(corpus, "train.steps=2", "train.checkpoint_every=2"),
+            "--run-dir", str(run_dir)]
+    assert main(argv) == 0
+    capsys.readouterr()
+    assert main([*argv[:-2], "model.d_model=24", *argv[-2:]]) == 1
+    line = error_line(capsys, after_progress=True)
+    assert "no longer matches the checkpoint" in line and "model.d_model: 16 -> 24" in line
+    assert checkpoint_steps(run_dir) == [2]                       # the run is left as it was
+
+
 def test_eval_is_read_only_and_takes_step(tmp_path, corpus, capsys):
     run_dir = tmp_path / "run"
     assert main(["fit", "tiny_softmax", *overrides(corpus, "train.steps=4", "train.checkpoint_every=2"),
