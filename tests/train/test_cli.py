@@ -306,6 +306,15 @@ def test_sigterm_exits_75_after_checkpoint_and_rerunning_resumes(tmp_path, corpu
     assert first == f"resuming {run_dir.relative_to(tmp_path)} from step {steps[0]}\n"
     assert rc == EXIT_PREEMPTED and checkpoint_steps(run_dir)[-1] > steps[0]
 
+    import orbax.checkpoint as ocp                   # the record names the real command line
+    from train.checkpoint import Checkpointer
+    with Checkpointer(checkpoint_dir(run_dir), read_only=True) as checkpointer:
+        record = checkpointer._manager.restore(
+            checkpoint_steps(run_dir)[-1],
+            args=ocp.args.Composite(record=ocp.args.JsonRestore()))["record"]
+    assert record["command_line"][0].endswith("__main__.py")
+    assert record["command_line"][1:] == command[3:]
+
 
 def test_a_signal_before_the_first_step_exits_with_its_code_and_leaves_no_run_dir(
         tmp_path, corpus, capsys, monkeypatch):
