@@ -110,15 +110,19 @@ class MetricsWriter:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         kept = truncate_metrics(run_dir, resume_step) if resume_step is not None else []
         self._file = open(self.path, "a")
-        if tensorboard:
+        events = Path(run_dir) / TENSORBOARD_DIR
+        stale = resume_step is not None and events.exists()   # may hold steps after S
+        if stale:
+            shutil.rmtree(events)
+        if tensorboard or stale:    # rebuilt from the kept records even if no longer written
             from tensorboardX import SummaryWriter
 
-            events = Path(run_dir) / TENSORBOARD_DIR
-            if resume_step is not None and events.exists():
-                shutil.rmtree(events)
             self._tensorboard = SummaryWriter(str(events))
             for record in kept:
                 self._add_scalars(record["kind"], record["step"], record)
+            if not tensorboard:
+                self._tensorboard.close()
+                self._tensorboard = None
 
     def _add_scalars(self, kind: str, step: int, values: dict[str, Any]) -> None:
         for name, value in values.items():

@@ -168,6 +168,11 @@ def test_torn_line_and_replayed_steps_are_repaired_and_tensorboard_is_one_stream
     (events,) = tensorboard_scalars(tmp_path / "tensorboard")  # one event file
     assert events == [("train/loss", s) for s in range(1, 8)]  # each step once, in order
 
+    # resumed from checkpoint 6 with TensorBoard switched off: the old stream is cut to match
+    MetricsWriter(tmp_path, tensorboard=False, resume_step=6).close()
+    (events,) = tensorboard_scalars(tmp_path / "tensorboard")
+    assert events == [("train/loss", s) for s in range(1, 7)]
+
 
 def test_a_damaged_metrics_file_is_a_one_line_error(tmp_path, capsys):
     """Damage before the final line is no crash's torn write: `plot` (and a resume, through
