@@ -44,7 +44,8 @@ packages excluded: real text on every machine; the set depends on the Python ver
 directory (all non-hidden files, recursively), a glob or single file, or
 "arrayrecord:<glob or directory>" of shards written by `write_arrayrecord_shards` (one
 record per document: int32 little-endian token ids without EOS; `manifest.json` beside the
-shards holds the document keys, their token counts and the tokenizer fingerprint). Files are read as UTF-8 with
+shards holds the document keys, their token counts, each shard's size in bytes (a shard that
+changed since is refused) and the tokenizer fingerprint). Files are read as UTF-8 with
 undecodable bytes replaced by U+FFFD; empty files are skipped.
 """
 
@@ -183,6 +184,11 @@ def _arrayrecord_corpus(spec: str) -> ArrayRecordCorpus:
                 f"source: shard {shard} does not match {directory / MANIFEST_FILENAME} "
                 f"(expected {len(entry['keys']) if entry else 'no'} records, got {num_records})"
             )
+        size = Path(shard).stat().st_size
+        if entry.get("bytes", size) != size:
+            raise ValueError(
+                f"source: shard {shard} changed after it was written ({size} bytes, "
+                f"{directory / MANIFEST_FILENAME} says {entry['bytes']}); re-run prepare")
         fingerprints.add(manifest["tokenizer"]["fingerprint"])
         keys.extend(entry["keys"])
         if lengths is not None and len(entry.get("lengths", ())) == num_records:
@@ -655,7 +661,7 @@ def write_arrayrecord_shards(
             lengths.append(len(ids))
         writer.close()
         shard_entries.append({"file": name, "keys": list(corpus.keys[start:stop]),
-                              "lengths": lengths})
+                              "lengths": lengths, "bytes": (out / name).stat().st_size})
         paths.append(out / name)
     tokenizer.save(out / "tokenizer")
     manifest = {

@@ -2,6 +2,7 @@
 
 import itertools
 import pickle
+import shutil
 import string
 
 import jax.numpy as jnp
@@ -234,6 +235,12 @@ def test_arrayrecord_shards_match_text_source(tmp_path):
     with pytest.raises(FileExistsError):
         write_arrayrecord_shards(source="stdlib", tokenizer=BYTE, out_dir=out, num_shards=1,
                                  max_documents=2)
+    # a shard swapped for another with as many records: the manifest's lengths no longer
+    # hold, so it is refused when the source is opened (not an IndexError mid-run)
+    assert paths[0].stat().st_size != paths[1].stat().st_size
+    shutil.copyfile(paths[1], paths[0])                 # 8 records each, other documents
+    with pytest.raises(ValueError, match="changed after it was written"):
+        make_dataset(source=f"arrayrecord:{out}", tokenizer=BYTE, seq_len=8, batch_size=1)
 
 
 def test_arrayrecord_rejects_other_tokenizer(tmp_path):
