@@ -201,21 +201,25 @@ def _fit_locked(config: Config, run_dir: Path, hooks: FitHooks, mesh: Mesh | Non
         nonlocal skipped_steps
         if not unchecked:
             return
-        flags = jax.device_get([(s, m["nonfinite"], m["loss"], m["grad_norm"])
-                                for s, m in unchecked])
+        flags = jax.device_get([(s, m["nonfinite"], m["loss"], m["grad_norm"],
+                                 m["nonfinite_params"]) for s, m in unchecked])
         unchecked.clear()
-        bad = [(s, float(loss), float(norm)) for s, flag, loss, norm in flags if flag]
+        bad = [(s, float(loss), float(norm), bool(params))
+               for s, flag, loss, norm, params in flags if flag]
         if not bad:
             return
         first = bad[0]
         if t.on_nonfinite == "stop":
+            latest = checkpointer.latest_step()
             raise DivergenceError(
-                f"training diverged: non-finite loss {first[1]} / gradient norm {first[2]} at "
-                f"step {first[0]} ({len(bad)} such step(s) since the last check); nothing after "
-                f"checkpoint step {checkpointer.latest_step()} was saved. Lower optim.lr, or set "
-                f"train.on_nonfinite=skip to skip such steps")
+                f"training diverged: non-finite loss {first[1]} / gradient norm {first[2]}"
+                f"{' / parameters after the update' if first[3] else ''} at step {first[0]} "
+                f"({len(bad)} such step(s) since the last check); "
+                + ("no checkpoint was saved" if latest is None else
+                   f"nothing after checkpoint step {latest} was saved")
+                + ". Lower optim.lr, or set train.on_nonfinite=skip to skip such steps")
         skipped_steps += len(bad)
-        for s, loss, norm in bad:
+        for s, loss, norm, _ in bad:
             writer.write("skipped", s, {"loss": loss, "grad_norm": norm,
                                         "skipped_total": skipped_steps})
         bar.message(f"skipped {len(bad)} non-finite step(s) (first: step {first[0]}); "

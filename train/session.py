@@ -62,18 +62,24 @@ class Session:
 
 
 def guard_nonfinite(train_step: Callable[[State, dict], tuple[State, dict]]):
-    """train_step whose update is dropped when the loss or gradient norm is not finite:
-    new params/opt_state = where(finite, updated, previous); metrics gain "nonfinite" (0./1.).
-    Nothing non-finite ever reaches the state, so nothing non-finite can be checkpointed."""
+    """train_step whose update is dropped when the loss, the gradient norm or any updated
+    parameter is not finite (an update can overflow the parameters while this step's loss and
+    gradients are still finite): new params/opt_state = where(finite, updated, previous);
+    metrics gain "nonfinite" (0./1.) and "nonfinite_params" (0./1.). Nothing non-finite ever
+    reaches the state, so nothing non-finite can be checkpointed."""
 
     def guarded(state, batch):
         new_state, metrics = train_step(state, batch)
-        finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(metrics["grad_norm"])
+        params_finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(x))
+                                           for x in jax.tree.leaves(new_state["params"])]))
+        finite = (jnp.isfinite(metrics["loss"]) & jnp.isfinite(metrics["grad_norm"])
+                  & params_finite)
         kept = jax.tree.map(lambda new, old: jnp.where(finite, new, old),
                             {k: new_state[k] for k in ("params", "opt_state")},
                             {k: state[k] for k in ("params", "opt_state")})
         return ({**new_state, **kept},
-                {**metrics, "nonfinite": jnp.logical_not(finite).astype(jnp.float32)})
+                {**metrics, "nonfinite": jnp.logical_not(finite).astype(jnp.float32),
+                 "nonfinite_params": jnp.logical_not(params_finite).astype(jnp.float32)})
 
     return guarded
 

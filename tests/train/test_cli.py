@@ -243,6 +243,37 @@ def test_divergence_stops_before_checkpointing_or_skips(tmp_path, corpus, capsys
     assert all(np.all(np.isfinite(np.asarray(x))) for x in jax.tree.leaves(restored.state))
 
 
+def test_an_update_that_overflows_the_parameters_is_never_checkpointed(
+        tmp_path, corpus, capsys, monkeypatch):
+    """Step 3's update makes the parameters inf while its loss and gradients are finite: with a
+    checkpoint every step and one kept, the good step-2 checkpoint must stay."""
+    original = train.session.make_train_step
+
+    def make_train_step(*args):
+        step_fn = original(*args)
+
+        def overflowing(state, batch):
+            new_state, metrics = step_fn(state, batch)
+            blow_up = lambda x: jnp.where(state["step"] == 2, jnp.inf, x)
+            return {**new_state, "params": jax.tree.map(blow_up, new_state["params"])}, metrics
+
+        return overflowing
+
+    monkeypatch.setattr(train.session, "make_train_step", make_train_step)
+    run_dir = tmp_path / "run"
+    argv = ["fit", "tiny_softmax", *overrides(corpus, "train.steps=5", "train.checkpoint_every=1",
+                                                "train.keep_checkpoints=1"),
+            "--run-dir", str(run_dir)]
+    assert main(argv) == EXIT_DIVERGED
+    line = error_line(capsys, after_progress=True)
+    assert "parameters after the update at step 3" in line and "checkpoint step 2" in line
+    assert checkpoint_steps(run_dir) == [2]
+    from train.runs import load_run
+    config, tokenizer = load_run(run_dir)
+    restored = restore_run_state(run_dir, train.session.build_session(config, tokenizer.vocab_size))
+    assert all(np.all(np.isfinite(np.asarray(x))) for x in jax.tree.leaves(restored.state))
+
+
 # ------------------------------------------------------------------ eval is read-only
 
 def test_resuming_with_another_model_names_the_changed_keys(tmp_path, corpus, capsys):
