@@ -98,13 +98,34 @@ class RunSetupError(ValueError):
     source, a tokenizer or shard mismatch, a CPT reference that does not fit, ...)."""
 
 
+_OUR_PACKAGES = tuple(Path(__file__).resolve().parents[1] / name
+                      for name in ("train", "fpa_jax", "gdn_jax", "kernels_pallas"))
+
+
+def _raised_by_an_input_check(error: BaseException) -> bool:
+    """True when the innermost frame of the traceback is in this repository's packages: an
+    explicit `raise ValueError(...)` of an input check, not a library's or a bug's ValueError
+    (numpy broadcasting, a jnp shape error), which keeps its traceback."""
+    frame = error.__traceback__
+    while frame is not None and frame.tb_next is not None:
+        frame = frame.tb_next
+    if frame is None:
+        return False
+    path = Path(frame.tb_frame.f_code.co_filename).resolve()
+    return any(path.is_relative_to(package) for package in _OUR_PACKAGES)
+
+
 @contextlib.contextmanager
 def _setup_errors():
+    """ValueErrors of the inputs' checks before the first step become RunSetupError (one line
+    in the CLI); any other error passes unchanged."""
     try:
         yield
     except (RunSetupError, ConfigError):
         raise
     except ValueError as error:
+        if not _raised_by_an_input_check(error):
+            raise
         raise RunSetupError(str(error)) from error
 
 

@@ -145,6 +145,20 @@ def test_a_genuine_bug_keeps_its_traceback_and_v_shows_user_errors(monkeypatch, 
         main(["-v", "eval", str(tmp_path / "nowhere")])
 
 
+def test_a_bugs_value_error_while_setting_up_a_run_keeps_its_traceback(
+        monkeypatch, tmp_path, corpus):
+    """A ValueError that no input check raised (here numpy's broadcasting error inside the
+    session build) is a bug: its traceback, not a one-line `error:`."""
+    def broken_session(*args, **kwargs):
+        return np.zeros(3) + np.zeros(4)
+
+    monkeypatch.setattr("train.fit.build_session", broken_session)
+    with pytest.raises(ValueError, match="broadcast"):
+        main(["fit", "tiny_softmax", *overrides(corpus, "train.steps=2"),
+              "--run-dir", str(tmp_path / "r")])
+    assert not (tmp_path / "r").exists()
+
+
 # ------------------------------------------------------------------ default run directory, lock
 
 def test_default_run_dir_is_derived_from_the_config_and_new_starts_another(tmp_path):
