@@ -18,9 +18,11 @@ directory it created.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import shutil
 import socket
@@ -38,6 +40,8 @@ from train.tokenizer import Tokenizer, load_tokenizer
 CHECKPOINT_DIRNAME = "checkpoints"
 LOCK_FILE = "run.lock"
 DEFAULT_RUNS_DIR = Path("runs")
+
+log = logging.getLogger(__name__)
 
 
 class RunLockedError(RuntimeError):
@@ -114,8 +118,9 @@ def default_run_dir(config_source: str | None, config: Config, *, new: bool = Fa
     return path
 
 
-def _take_lock(fd: int, run_dir: Path) -> None:
-    """flock the open run.lock without waiting; RunLockedError naming its holder."""
+def _take_lock(fd: int, run_dir: Path) -> bool:
+    """flock the open run.lock without waiting (True); RunLockedError naming its holder. A
+    filesystem without flock support (some network filesystems): a warning, no lock (False)."""
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -123,6 +128,13 @@ def _take_lock(fd: int, run_dir: Path) -> None:
         raise RunLockedError(
             f"{run_dir} is in use by another process ({holder}); wait for it to finish, "
             f"or pass another --run-dir (or --new)") from None
+    except OSError as error:
+        if error.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+            raise
+        log.warning("%s: this filesystem does not support locks (%s); nothing stops a second "
+                    "process from writing this run directory", run_dir, error.strerror)
+        return False
+    return True
 
 
 def require_unlocked(run_dir: str | Path) -> None:
@@ -133,8 +145,8 @@ def require_unlocked(run_dir: str | Path) -> None:
         return
     fd = os.open(path, os.O_RDWR)
     try:
-        _take_lock(fd, Path(run_dir))
-        fcntl.flock(fd, fcntl.LOCK_UN)
+        if _take_lock(fd, Path(run_dir)):
+            fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
 
@@ -149,14 +161,15 @@ def run_lock(run_dir: str | Path) -> Iterator[None]:
     run_dir.mkdir(parents=True, exist_ok=True)
     fd = os.open(run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        _take_lock(fd, run_dir)
+        locked = _take_lock(fd, run_dir)
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
         try:
             yield
         finally:
             os.ftruncate(fd, 0)
-            fcntl.flock(fd, fcntl.LOCK_UN)
+            if locked:
+                fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
 
@@ -172,10 +185,13 @@ def claimed_run_dir(run_dir: str | Path) -> Iterator[Path]:
     the body fails before writing a metric or checkpoint (no partial run is left behind)."""
     run_dir = Path(run_dir)
     created = not run_dir.exists()
+    locked = False              # a process refused the lock must not remove the holder's dir
     try:
         with run_lock(run_dir):
+            locked = True
             yield run_dir
     except BaseException:
-        if created and jax.process_index() == 0 and run_dir.is_dir() and not _has_progress(run_dir):
+        if (created and locked and jax.process_index() == 0 and run_dir.is_dir()
+                and not _has_progress(run_dir)):
             shutil.rmtree(run_dir, ignore_errors=True)
         raise
