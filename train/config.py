@@ -233,9 +233,36 @@ def resolve_preset(path_or_name: str, beside: Path | None = None) -> Path:
                       f"(presets: {available})")
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """safe_load that refuses a key given twice in one mapping (YAML keeps the last silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise ConfigError(f"{self.name}: line {key_node.start_mark.line + 1}: key "
+                                  f"{key!r} appears twice in one mapping")
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def _read_yaml(path: Path) -> dict[str, Any]:
-    with open(path) as f:
-        loaded = yaml.safe_load(f) or {}
+    """The YAML mapping in `path`; ConfigError for a file that is not UTF-8 text, is empty, is
+    no mapping or repeats a key (malformed YAML raises yaml.YAMLError)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"{path}: not a UTF-8 text file ({error.reason} at byte "
+                          f"{error.start})") from None
+    loader = _UniqueKeyLoader(text)
+    loader.name = str(path)
+    try:
+        loaded = loader.get_single_data()
+    finally:
+        loader.dispose()
+    if loaded is None:
+        raise ConfigError(f"{path}: the file is empty (expected a mapping of config sections)")
     if not isinstance(loaded, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level, got {type(loaded).__name__}")
     return loaded

@@ -224,3 +224,18 @@ def test_registered_implementations_load():
     assert load_config("tiny_gdn", ["gdn.implementation=reference"]).gdn.implementation == "reference"
     # a preset's unused mixer section is not checked (tiny_fpa has no GDN layer)
     assert load_config("tiny_fpa", ["gdn.implementation=fast"]).gdn.implementation == "fast"
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"\x00\xff\xfe", "not a UTF-8 text file"),
+    (b"", "the file is empty"),
+    (b"base: tiny_fpa\noptim:\n  lr: 1.0e-3\n  lr: 2.0e-3\n", "line 4: key 'lr' appears twice"),
+])
+def test_a_yaml_file_that_is_not_one_config_is_one_line(tmp_path, capsys, content, message):
+    path = tmp_path / "bad.yaml"
+    path.write_bytes(content)
+    with pytest.raises(ConfigError, match=message):
+        load_config(str(path))
+    assert cli.main(["config", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {path}: ") and message in err[0]
