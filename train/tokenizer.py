@@ -199,11 +199,11 @@ def load_tokenizer(dir_or_spec: str | os.PathLike) -> Tokenizer:
     directory = Path(dir_or_spec)
     meta_path = directory / META_FILENAME
     if not directory.exists():
-        raise ValueError(f"dir_or_spec: tokenizer {str(dir_or_spec)!r} does not exist (expected "
+        raise ValueError(f"tokenizer: {str(dir_or_spec)!r} does not exist (expected "
                          f"'byte' or a directory containing {META_FILENAME})")
     if not meta_path.is_file():
         raise ValueError(
-            f"dir_or_spec: expected 'byte' or a directory containing {META_FILENAME}, "
+            f"tokenizer: expected 'byte' or a directory containing {META_FILENAME}, "
             f"got {str(dir_or_spec)!r}"
         )
     meta = json.loads(meta_path.read_text())
