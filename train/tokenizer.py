@@ -199,7 +199,7 @@ def load_tokenizer(dir_or_spec: str | os.PathLike) -> Tokenizer:
     directory = Path(dir_or_spec)
     meta_path = directory / META_FILENAME
     if not directory.exists():
-        raise ValueError(f"tokenizer: {str(dir_or_spec)!r} does not exist (expected "
+        raise ValueError(f"tokenizer {str(dir_or_spec)!r} does not exist (expected "
                          f"'byte' or a directory containing {META_FILENAME})")
     if not meta_path.is_file():
         raise ValueError(
