@@ -27,8 +27,10 @@ opens.
 
 Restore (`restore_latest`) walks the steps newest first. A step whose files are missing,
 truncated or altered (fingerprint mismatch), or whose record/iterator state is unreadable,
-is logged and skipped; once an older step restores, the unreadable newer steps are moved to
-`quarantine/` so that training can save those step numbers again. A mismatch between the
+is skipped; once an older step restores, one warning line names the skipped steps and what
+failed (e.g. "OUT_OF_RANGE reading state"; the full error is logged at INFO), and the
+unreadable newer steps are moved to `quarantine/` so that training can save those step
+numbers again. A failed read leaves no tensorstore read running (`_DrainingLoopPolicy`). A mismatch between the
 requested abstract state and the recorded tree (paths, shapes, dtypes) is a caller error:
 ValueError, nothing skipped, except for top-level entries named in `ignore_saved` (state
 that older code saved and newer code no longer keeps, e.g. the trainer's unused per-step
@@ -41,6 +43,8 @@ checks it each step, saves with `force=True`, calls `wait_until_finished()` and 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import datetime
 import functools
@@ -49,6 +53,7 @@ import json
 import logging
 import os
 import platform
+import re
 import shutil
 import signal
 import subprocess
@@ -219,13 +224,27 @@ def save_run_files(
         tokenizer.save(tokenizer_dir)
 
 
+class RunConfigError(ValueError):
+    """run_dir/config.json exists but is not a JSON object (damaged or edited by hand)."""
+
+
 def load_run_config(run_dir: str | os.PathLike) -> dict[str, Any]:
     """The config dict written by `save_run_files`; FileNotFoundError naming the directory
-    when it is not a run directory."""
+    when it is not a run directory, RunConfigError naming the file when it is not a JSON
+    object."""
     path = Path(run_dir) / CONFIG_FILENAME
     if not path.is_file():
         raise FileNotFoundError(f"{run_dir}: not a run directory (no {CONFIG_FILENAME})")
-    return json.loads(path.read_text())
+    try:
+        config = json.loads(path.read_text())
+    except UnicodeDecodeError as error:
+        raise RunConfigError(f"{path} is not valid JSON (not UTF-8 text: {error.reason} at "
+                             f"byte {error.start})") from error
+    except json.JSONDecodeError as error:
+        raise RunConfigError(f"{path} is not valid JSON ({error})") from error
+    if not isinstance(config, dict):
+        raise RunConfigError(f"{path} is not a JSON object (holds a {type(config).__name__})")
+    return config
 
 
 # ----------------------------------------------------------------------------- iterator item
@@ -420,6 +439,103 @@ def _with_ignored_entries(abstract_state: Any, recorded_leaves: list[dict],
     return extended, ignored
 
 
+# ----------------------------------------------------------------------------- failed reads
+
+
+class _DrainingLoopPolicy(asyncio.DefaultEventLoopPolicy):
+    """Event loops that let their unfinished tasks finish before closing (asyncio.run
+    cancels and awaits them).
+
+    Orbax runs each restore in a fresh loop (run_until_complete, then close, without that
+    step) and reads the arrays with asyncio.gather. When one read fails, the gather raises at
+    once and the loop closes while the other reads are still in flight: their tensorstore
+    futures later call back into the closed loop ("RuntimeError: Event loop is closed" with a
+    traceback, from tensorstore's threads, often at interpreter exit) and their failed tasks
+    are logged when collected ("Task exception was never retrieved")."""
+
+    def new_event_loop(self) -> asyncio.AbstractEventLoop:
+        loop = super().new_event_loop()
+        close = loop.close
+
+        def drain_then_close() -> None:
+            if not loop.is_closed() and not loop.is_running():
+                # also runs the callbacks queued before it (gather marking the exceptions of
+                # reads that failed after the first one as retrieved)
+                loop.run_until_complete(_settle(asyncio.all_tasks(loop)))
+            close()
+
+        loop.close = drain_then_close
+        return loop
+
+
+_SETTLE_SECONDS = 60.0
+
+
+async def _settle(tasks: set[asyncio.Task]) -> None:
+    """Lets `tasks` finish (cancelling those still running after _SETTLE_SECONDS) and marks
+    their errors as seen. Reads are not cancelled at once: a cancelled tensorstore read may
+    still call back into the loop after it closed."""
+    if tasks:
+        _, late = await asyncio.wait(tasks, timeout=_SETTLE_SECONDS)
+        for task in late:
+            task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+# absl status codes, as tensorstore starts its error messages
+_STATUS_CODES = ("CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
+                 "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED",
+                 "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL",
+                 "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED")
+_STATUS_CODE = re.compile(r"\b(" + "|".join(_STATUS_CODES) + r"): ")
+
+
+def _read_failure(item: str, error: BaseException) -> str:
+    """A few words on a failed Orbax read of `item` (e.g. "OUT_OF_RANGE reading state"): the
+    status code of the innermost error that has one (orbax's own messages embed whole
+    tensorstore specs), else the innermost error, shortened."""
+    chain = [error]
+    while (cause := chain[-1].__cause__ or chain[-1].__context__) and cause not in chain:
+        chain.append(cause)
+    for inner in reversed(chain):
+        if code := _STATUS_CODE.search(str(inner)):
+            return f"{code.group(1)} reading {item}"
+    inner = chain[-1]
+    message = " ".join(str(inner).split())
+    message = message if len(message) <= 120 else message[:117] + "..."
+    return f"{type(inner).__name__} reading {item}" + (f": {message}" if message else "")
+
+
+def _unreadable_steps(failures: Mapping[int, str]) -> str:
+    """"step 4 is unreadable (why)" or "steps 6, 4 are unreadable (step 6: why; step 4: why)"."""
+    if len(failures) == 1:
+        [(step, problem)] = failures.items()
+        return f"step {step} is unreadable ({problem})"
+    problems = set(failures.values())
+    why = (problems.pop() if len(problems) == 1
+           else "; ".join(f"step {step}: {problem}" for step, problem in failures.items()))
+    return f"steps {', '.join(map(str, failures))} are unreadable ({why})"
+
+
+_LOOP_POLICY_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _failed_reads_cleaned_up():
+    """Orbax calls inside this block leave no reads running after a failure (see
+    _DrainingLoopPolicy); a process with its own event loop policy (e.g. uvloop's) keeps it."""
+    with _LOOP_POLICY_LOCK:
+        previous = asyncio.get_event_loop_policy()
+        if type(previous) is not asyncio.DefaultEventLoopPolicy:
+            yield
+            return
+        asyncio.set_event_loop_policy(_DrainingLoopPolicy())
+        try:
+            yield
+        finally:
+            asyncio.set_event_loop_policy(previous)
+
+
 # ----------------------------------------------------------------------------- checkpointer
 
 
@@ -584,49 +700,65 @@ class Checkpointer:
         data_iterator: if given, its set_state() receives the saved iterator state.
         ignore_saved: top-level keys of a dict state that a step may hold (one array each,
             saved by older code) although abstract_state has none: read and dropped.
-        Raises RuntimeError if steps exist but none is readable.
+        Skipped steps are reported in one warning line once an older step restored; raises
+        NoReadableCheckpointError (naming each step's problem) if steps exist but none is
+        readable.
         """
         self._manager.reload()
         steps = sorted(self._manager.all_steps(), reverse=True)
         if not steps:
             return None
-        failures = []
+        failures: dict[int, str] = {}
         for step in steps:
             try:
                 restored = self._restore_step(step, abstract_state, data_iterator, ignore_saved)
             except UnreadableCheckpointError as error:
-                log.error("checkpoint step %d in %s is unreadable, skipping it: %s",
-                          step, self.directory, error)
-                failures.append(step)
+                failures[step] = str(error)
                 continue
-            if failures and not self.read_only:
-                self._quarantine(failures)
-                log.warning("restored step %d after skipping unreadable steps %s", step, failures)
+            if failures:
+                moved = "" if self.read_only else (
+                    f"; moved {'it' if len(failures) == 1 else 'them'} to "
+                    f"{self.directory / QUARANTINE_DIRNAME}")
+                log.warning("%s: checkpoint %s; restored step %d instead%s", self.directory,
+                            _unreadable_steps(failures), step, moved)
+                if not self.read_only:
+                    self._quarantine(list(failures))
             return restored
         raise NoReadableCheckpointError(
-            f"no readable checkpoint in {self.directory}: steps {steps} all failed (see log)"
-        )
+            f"no readable checkpoint in {self.directory}: {_unreadable_steps(failures)}")
 
     def restore(
         self, step: int, abstract_state: Any, data_iterator: Any = None, *,
         ignore_saved: Collection[str] = (),
     ) -> RestoredCheckpoint:
-        """Restores exactly `step`; raises UnreadableCheckpointError if it is damaged."""
+        """Restores exactly `step`; raises UnreadableCheckpointError if it is damaged (its
+        message: what failed in a few words, e.g. "OUT_OF_RANGE reading state")."""
         self._manager.reload()
         if step not in self._manager.all_steps():
             raise ValueError(f"step: {step} not among the checkpoints {self.all_steps()}")
         return self._restore_step(step, abstract_state, data_iterator, ignore_saved)
 
+    def _read(self, step: int, items: Mapping[str, Any]) -> tuple[Any, str | None]:
+        """(the restored Composite, None), or (None, a one-line gist of what failed); the
+        full error is logged at INFO (-v)."""
+        try:
+            with _failed_reads_cleaned_up():
+                return self._manager.restore(step, args=ocp.args.Composite(**items)), None
+        except Exception as error:  # noqa: BLE001 - any failure to read means unreadable
+            log.info("checkpoint step %d in %s: reading %s failed", step, self.directory,
+                     " and ".join(items), exc_info=True)
+            return None, _read_failure(" and ".join(items), error)
+
     def _restore_step(
         self, step: int, abstract_state: Any, data_iterator: Any, ignore_saved: Collection[str]
     ) -> RestoredCheckpoint:
-        problem = None
-        try:
-            record = self._manager.restore(
-                step, args=ocp.args.Composite(record=ocp.args.JsonRestore()))["record"]
-            recorded_leaves, recorded_keys = record["leaves"], record["prng_keys"]
-        except Exception as error:  # noqa: BLE001 - any failure to read means unreadable
-            problem = f"record: {type(error).__name__}: {error}"
+        restored, problem = self._read(step, {"record": ocp.args.JsonRestore()})
+        if problem is None:
+            try:
+                record = restored["record"]
+                recorded_leaves, recorded_keys = record["leaves"], record["prng_keys"]
+            except (KeyError, TypeError) as error:
+                problem = f"record is incomplete ({type(error).__name__}: {error})"
         if not _all_processes(problem is None):
             raise UnreadableCheckpointError(problem or "record unreadable on another process")
         abstract_state, ignored = _with_ignored_entries(abstract_state, recorded_leaves,
@@ -650,20 +782,19 @@ class Checkpointer:
         elif data_iterator is not None:
             log.warning("checkpoint step %d has no data-iterator state; the iterator is left "
                         "where it is", step)
-        try:
-            restored = self._manager.restore(step, args=ocp.args.Composite(**items))
-            storable = restored["state"]
-            iterator_state = restored["iterator"] if "iterator" in items else None
-        except Exception as error:  # noqa: BLE001
-            problem = f"{type(error).__name__}: {str(error)[:500]}"
+        restored, problem = self._read(step, items)
         if not _all_processes(problem is None):
             raise UnreadableCheckpointError(problem or "arrays unreadable on another process")
+        storable = restored["state"]
+        iterator_state = restored["iterator"] if "iterator" in items else None
         if self._verify and recorded_leaves and "fingerprint" in recorded_leaves[0]:
             actual = _leaf_records(storable, True)
             bad = [a["path"] for a, r in zip(actual, recorded_leaves)
                    if a["fingerprint"] != r["fingerprint"]]
             if bad:
-                raise UnreadableCheckpointError(f"fingerprint mismatch (data altered) in {bad[:5]}")
+                raise UnreadableCheckpointError(
+                    f"fingerprint mismatch (data altered) in {', '.join(bad[:3])}"
+                    + (f" (+{len(bad) - 3} more)" if len(bad) > 3 else ""))
         state = jax.tree_util.tree_map_with_path(
             lambda path, leaf: (
                 jax.random.wrap_key_data(leaf, impl=recorded_keys[jax.tree_util.keystr(path)])
@@ -688,7 +819,7 @@ class Checkpointer:
                 source = self.directory / str(step)
                 target = target_dir / f"{step}-{stamp}"
                 shutil.move(source, target)
-                log.warning("moved unreadable checkpoint %s to %s", source, target)
+                log.info("moved unreadable checkpoint %s to %s", source, target)
         if jax.process_count() > 1:
             from jax.experimental import multihost_utils
 

@@ -27,7 +27,9 @@ Exit codes:
          (loading, restoring, compiling) or outside `fit`: nothing new was saved, re-running
          continues from the last checkpoint
     130  SIGINT (Ctrl-C) before training started, or outside `fit`
-A genuine bug is not caught: Python prints its traceback and exits 1.
+-v prints the traceback before the `error:` line and keeps these codes. argparse refusals are
+one line too (`error: python -m train eval: argument --seq-len: ...`); key=value overrides may
+follow options. A genuine bug is not caught: Python prints its traceback and exits 1.
 """
 
 from __future__ import annotations
@@ -36,9 +38,11 @@ import argparse
 import contextlib
 import json
 import logging
+import os
 import signal
 import sys
 import threading
+import traceback
 from pathlib import Path
 
 from train.config import Config, ConfigError, load_config
@@ -212,7 +216,7 @@ def command_eval(args) -> int:
     if not Path(args.run_dir).is_dir():
         raise UserError(f"{args.run_dir}: run directory does not exist")
     result = evaluate_run(args.run_dir, seq_len=args.seq_len, num_batches=args.batches,
-                          step=args.step)
+                          step=args.step, batch_size=args.batch_size)
     print(f"evaluated step {result['step']} of {args.run_dir}", flush=True)
     out = Path(args.out) if args.out else Path(args.run_dir) / (
         f"eval-step{result['step']}-len{result['seq_len']}.json")
@@ -322,8 +326,31 @@ def command_probe(args) -> int:
     return probe_main(args.rest)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse whose refusals are one line, `error: ...`, exit 2 (the usage block is left to
+    --help); the subcommands' parsers are of this class too."""
+
+    def error(self, message: str):
+        self.exit(EXIT_USAGE, f"error: {self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def _parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """Options and key=value overrides in any order: an override after an option (`fit
+    tiny_fpa --run-dir R optim.lr=1e-3`) joins the others."""
+    args, extra = parser.parse_known_args(argv)
+    overrides = [item for item in extra if "=" in item and not item.startswith("-")]
+    rest = [item for item in extra if item not in overrides]
+    if overrides and not isinstance(getattr(args, "overrides", None), list):
+        rest = extra
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    if overrides:
+        args.overrides = [*args.overrides, *overrides]
+    return args
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="python -m train",
         description="Train, evaluate and benchmark FPA / GatedDeltaNet language models.",
         epilog="Configs are YAML presets (configs/*.yaml, or a path) with dotted key=value "
@@ -353,6 +380,8 @@ def build_parser() -> argparse.ArgumentParser:
                               description="held-out loss of a run's newest checkpoint")
     sub.add_argument("run_dir")
     sub.add_argument("--seq-len", type=_positive_int, help="evaluate at this context length")
+    sub.add_argument("--batch-size", type=_positive_int,
+                     help="sequences per eval batch (default: the run's data.batch_size)")
     sub.add_argument("--batches", type=_positive_int,
                      help="eval batches (default: train.eval_batches)")
     sub.add_argument("--step", type=int, help="checkpoint step (default: the newest readable; "
@@ -419,11 +448,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_RESUMABLE_COMMANDS = ("fit", "cpt", "main", "stages")
+
+
+def _reported(args, line: str, code: int) -> int:
+    """Prints the one `error:` line (after the traceback with -v) and returns the exit code:
+    -v never changes the code a scheduler sees."""
+    if args.verbose:
+        traceback.print_exc()
+    print(line, file=sys.stderr)
+    return code
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = _parse(build_parser(), argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
-    from train.checkpoint import NoReadableCheckpointError, UnreadableCheckpointError
+    from train.checkpoint import (NoReadableCheckpointError, RunConfigError,
+                                  UnreadableCheckpointError)
     from train.memory import DeviceMemoryError
     from train.runs import RunLockedError
 
@@ -431,16 +473,19 @@ def main(argv: list[str] | None = None) -> int:
         with _sigterm_unwinds():
             return args.handler(args)
     except Terminated:
-        if args.verbose:
-            raise
-        print("error: stopped by SIGTERM before anything new was checkpointed; re-run the same "
-              "command to continue", file=sys.stderr)
-        return EXIT_PREEMPTED
+        resumable = args.command in _RESUMABLE_COMMANDS
+        return _reported(args, "error: stopped by SIGTERM" + (
+            " before anything new was checkpointed; re-run the same command to continue"
+            if resumable else ""), EXIT_PREEMPTED)
+    except BrokenPipeError:         # `... | head` closed the output: no traceback about it
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        with contextlib.suppress(OSError):
+            print("error: the output was closed (broken pipe)", file=sys.stderr)
+        return EXIT_ERROR
     except KeyboardInterrupt:
-        if args.verbose:
-            raise
-        print("error: interrupted before the run could checkpoint", file=sys.stderr)
-        return 130
+        resumable = args.command in _RESUMABLE_COMMANDS
+        return _reported(args, "error: interrupted" + (
+            " before the run could checkpoint" if resumable else ""), 130)
     except Exception as error:
         from train.fit import DivergenceError, RunSetupError
         from train.metrics import MetricsFileError
@@ -451,11 +496,10 @@ def main(argv: list[str] | None = None) -> int:
         user_errors = (UserError, ConfigError, YAMLError, FileNotFoundError, NotADirectoryError,
                        PermissionError, UnreadableCheckpointError, NoReadableCheckpointError,
                        RunLockedError, DivergenceError, RunSetupError, DeviceMemoryError,
-                       RangeCheckError, MetricsFileError)
-        if args.verbose or not isinstance(error, user_errors):
+                       RangeCheckError, MetricsFileError, RunConfigError)
+        if not isinstance(error, user_errors):
             raise
         what = "malformed YAML: " if isinstance(error, YAMLError) else ""
-        print(f"error: {what}{' '.join(str(error).split())}", file=sys.stderr)
-        if isinstance(error, (ConfigError, YAMLError)):
-            return EXIT_USAGE
-        return EXIT_DIVERGED if isinstance(error, DivergenceError) else EXIT_ERROR
+        code = (EXIT_USAGE if isinstance(error, (ConfigError, YAMLError)) else
+                EXIT_DIVERGED if isinstance(error, DivergenceError) else EXIT_ERROR)
+        return _reported(args, f"error: {what}{' '.join(str(error).split())}", code)

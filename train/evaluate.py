@@ -5,6 +5,12 @@
     per bucket  bucket_loss_sum / bucket_count (None for an empty bucket); bucket b covers
                 document positions [b w, (b+1) w), w = ceil(seq_len / position_buckets),
                 the last bucket also everything beyond
+
+`evaluate_run` (`python -m train eval RUN`) checks the forward's memory lower bound
+(train/memory.py `estimate_eval_memory`: params plus batch_size x seq_len tokens of the
+residual stream, logits and int32 batch) against the device memory (on CPU the host's) before
+the checkpoint is restored or anything compiles, and turns XLA's out-of-memory during the eval
+into the same one-line DeviceMemoryError naming --seq-len / --batch-size.
 """
 
 from __future__ import annotations
@@ -18,6 +24,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from train.config import Config, ConfigError
+from train.memory import (check_eval_fits, device_memory_bytes, estimate_eval_memory,
+                          eval_what_to_lower, out_of_memory_errors)
 from train.runs import load_run, restore_run_state
 from train.session import Session, build_session, make_split_dataset, to_global
 from train.sharding import mesh_context
@@ -45,21 +54,47 @@ def evaluate(session: Session, params: Any, batches: Iterator[dict[str, np.ndarr
     }
 
 
+def _eval_config(config: Config, seq_len: int | None, batch_size: int | None) -> Config:
+    """The run's config at the eval's seq_len and batch_size (None: the run's). A new batch
+    size runs as one batch (train.grad_accum = 1: eval has no micro-batches)."""
+    data = dataclasses.replace(config.data, seq_len=seq_len or config.data.seq_len,
+                               batch_size=batch_size or config.data.batch_size)
+    train = (config.train if batch_size is None
+             else dataclasses.replace(config.train, grad_accum=1))
+    return dataclasses.replace(config, data=data, train=train)
+
+
 def evaluate_run(run_dir: str | Path, *, seq_len: int | None = None,
-                 num_batches: int | None = None, step: int | None = None) -> dict[str, Any]:
+                 num_batches: int | None = None, step: int | None = None,
+                 batch_size: int | None = None) -> dict[str, Any]:
     """Held-out loss of a run's newest readable checkpoint, or of `step` (an error if that
-    step is missing or unreadable), optionally at another context length. Read-only: no
-    checkpoint file is moved or deleted."""
-    for name, value in (("seq_len", seq_len), ("num_batches", num_batches)):
+    step is missing or unreadable), optionally at another context length or batch size
+    (default: the run's data.seq_len, data.batch_size). A DeviceMemoryError, before anything
+    is restored or compiled, when the forward's memory lower bound (module doc) exceeds the
+    device's. Read-only: no checkpoint file is moved or deleted."""
+    for name, value in (("seq_len", seq_len), ("num_batches", num_batches),
+                        ("batch_size", batch_size)):
         if value is not None and value < 1:
             raise ValueError(f"{name}: expected an int >= 1, got {value}")
-    config, tokenizer = load_run(run_dir)
-    session = build_session(config, tokenizer.vocab_size)
+    run_config, tokenizer = load_run(run_dir)
+    session = build_session(run_config, tokenizer.vocab_size)    # abstract shapes, no arrays
+    config = _eval_config(run_config, seq_len, batch_size)
+    mesh = dict(session.mesh.shape)
+    shards = mesh["data"] * mesh["fsdp"]
+    if config.data.batch_size % shards:
+        raise ConfigError(f"batch_size: expected a multiple of the mesh's data x fsdp = {shards} "
+                          f"batch shards, got {config.data.batch_size}")
+    estimate = estimate_eval_memory(config, session.abstract_state["params"],
+                                    tokenizer.vocab_size,
+                                    (mesh["data"], mesh["fsdp"], mesh["tensor"],
+                                     mesh.get("context", 1)))
+    check_eval_fits(config, estimate, device_memory_bytes())
     restored = restore_run_state(run_dir, session, step)
-    if seq_len is not None:
-        config = dataclasses.replace(config, data=dataclasses.replace(config.data, seq_len=seq_len))
+    if config != run_config:
         session = build_session(config, tokenizer.vocab_size, session.mesh)
-    batches = iter(make_split_dataset(config, tokenizer, "eval"))
-    result = evaluate(session, restored.state["params"], batches,
-                      num_batches or config.train.eval_batches)
-    return {"step": restored.step, "seq_len": config.data.seq_len, **result}
+    with out_of_memory_errors(config, eval_what_to_lower(config)):
+        batches = iter(make_split_dataset(config, tokenizer, "eval"))
+        result = evaluate(session, restored.state["params"], batches,
+                          num_batches or config.train.eval_batches)
+    return {"step": restored.step, "seq_len": config.data.seq_len,
+            "batch_size": config.data.batch_size, **result}

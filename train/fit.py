@@ -51,7 +51,7 @@ from train import checkpoint as ckpt
 from train.config import Config, ConfigError
 from train.evaluate import evaluate
 from train.memory import (MemoryEstimate, check_fits, device_memory_bytes,
-                          estimate_train_memory, format_bytes, out_of_memory_error)
+                          describe_limit, estimate_train_memory, out_of_memory_error)
 from train.metrics import MetricsWriter, ProgressBar, format_duration
 from train.model import count_params
 from train.runs import checkpoint_dir, checkpoint_steps, claimed_run_dir
@@ -349,7 +349,7 @@ def _startup_report(config: Config, session: Session, run_dir: Path, bar: Progre
     bar.message(f"model: {params / 1e6:.3f}M parameters; tokens/step: {d.batch_size} x "
                 f"{d.seq_len} = {d.batch_size * d.seq_len}{micro}")
     bar.message(f"memory estimate: {estimate.describe()}"
-                + (f" of {format_bytes(limit)}" if limit else " (device memory not reported)"))
+                + describe_limit(limit))
     bar.message(f"run dir: {run_dir}")
 
 

@@ -79,6 +79,8 @@ def run_long_suite(args) -> int:
 
     if args.seq_len is not None:
         raise UserError("--seq-len: not used by --suite long (pass --lengths)")
+    if args.batch_size is not None:
+        raise UserError("--batch-size: not used by --suite long")
     if not Path(args.run_dir).is_dir():
         raise UserError(f"{args.run_dir}: run directory does not exist")
     result = evaluate_long(args.run_dir, step=args.step, lengths=args.lengths,

@@ -1,4 +1,5 @@
-"""Device memory of a train step, estimated before compiling, and XLA out-of-memory errors.
+"""Device memory of a train step or an eval forward, estimated before compiling, and XLA
+out-of-memory errors.
 
     state        S = bytes of params + optimizer state (the session's abstract state),
                  split over the model-parallel devices: S / (fsdp * tensor)
@@ -18,8 +19,26 @@
                  their gradient
     estimate     S + G + A per device
 
-The estimate leaves out XLA's temporaries and fragmentation, so it errs low: a step it
-refuses cannot fit; one it accepts may still run out, and then `out_of_memory_error` turns
+An eval forward (`estimate_eval_memory`, train/evaluate.py) keeps nothing for a backward, so
+only what is surely live at one moment is counted:
+
+    params       P = bytes of params / (fsdp * tensor)
+    activations  tokens = batch_size * seq_len / (data * fsdp * context) per device, times
+                 e = c d + c V / tensor + 8   bytes per token: the residual stream entering
+                 the output head, the head's logits (compute dtype, before the float32 cast;
+                 vocab split over tensor) and the int32 tokens and segment ids
+    estimate     P + A per device; no layer's mixer or MLP values, no optimizer state (the
+                 restored checkpoint's optimizer state is left out too), no float32 logits
+                 or loss temporaries: a strict lower bound, far below a train step's
+
+The limit (`device_memory_bytes`): the allocator's bytes_limit on GPU/TPU. The CPU platform
+reports none, and its devices allocate from the host's memory, so there the limit is the
+host's (`host_memory_bytes`: the smaller of physical RAM, os.sysconf, and the cgroup memory
+limit, v2 memory.max or v1 memory.limit_in_bytes, of this process's cgroup and its
+ancestors) split evenly over the process's CPU devices.
+
+The estimates leave out XLA's temporaries and fragmentation, so they err low: a step they
+refuse cannot fit; one they accept may still run out, and then `out_of_memory_error` turns
 XLA's RESOURCE_EXHAUSTED into one DeviceMemoryError line naming what to lower.
 """
 
@@ -27,7 +46,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import re
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -40,7 +61,7 @@ _DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
 
 
 class DeviceMemoryError(RuntimeError):
-    """The train step does not fit device memory (estimated, or XLA ran out)."""
+    """A train step or eval forward does not fit device memory (estimated, or XLA ran out)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,6 +85,27 @@ class MemoryEstimate:
                 f", activations {format_bytes(self.activation_bytes)} = "
                 f"{self.tokens_per_device} tokens x "
                 f"{format_bytes(self.activation_bytes_per_token)})")
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalMemoryEstimate:
+    param_bytes: int                 # per device
+    activation_bytes_per_token: int  # e of the module doc
+    tokens_per_device: int           # one eval batch
+
+    @property
+    def activation_bytes(self) -> int:
+        return self.activation_bytes_per_token * self.tokens_per_device
+
+    @property
+    def total_bytes(self) -> int:
+        return self.param_bytes + self.activation_bytes
+
+    def describe(self) -> str:
+        return (f"{format_bytes(self.total_bytes)} per device (params "
+                f"{format_bytes(self.param_bytes)}, forward activations "
+                f"{format_bytes(self.activation_bytes)} = {self.tokens_per_device} tokens x "
+                f"{format_bytes(self.activation_bytes_per_token)}; a lower bound)")
 
 
 def format_bytes(count: float) -> str:
@@ -104,11 +146,7 @@ def estimate_train_memory(config: Config, abstract_state, vocab_size: int,
                           mesh_shape: tuple[int, ...]) -> MemoryEstimate:
     """mesh_shape: (data, fsdp, tensor[, context]) sizes. abstract_state: {"params",
     "opt_state", ...} of ShapeDtypeStructs (Session.abstract_state)."""
-    if len(mesh_shape) not in (3, 4) or any(not isinstance(n, (int, np.integer)) or n < 1
-                                              for n in mesh_shape):
-        raise ValueError(f"mesh_shape: expected (data, fsdp, tensor[, context]) positive ints, "
-                         f"got {mesh_shape!r}")
-    data, fsdp, tensor, context = (*mesh_shape, 1)[:4]
+    data, fsdp, tensor, context = _mesh_sizes(mesh_shape)
     model_parallel = fsdp * tensor
     params = _nbytes(abstract_state["params"])
     state = params + _nbytes(abstract_state["opt_state"])
@@ -121,14 +159,119 @@ def estimate_train_memory(config: Config, abstract_state, vocab_size: int,
                           tokens_per_device=tokens)
 
 
+def _mesh_sizes(mesh_shape: tuple[int, ...]) -> tuple[int, int, int, int]:
+    if len(mesh_shape) not in (3, 4) or any(not isinstance(n, (int, np.integer)) or n < 1
+                                              for n in mesh_shape):
+        raise ValueError(f"mesh_shape: expected (data, fsdp, tensor[, context]) positive ints, "
+                         f"got {mesh_shape!r}")
+    return tuple(int(n) for n in (*mesh_shape, 1)[:4])
+
+
+def eval_bytes_per_token(config: Config, vocab_size: int, tensor: int = 1) -> int:
+    """e of the module doc; vocab_size: the tokenizer's (padded as the model pads it);
+    tensor: the size of the mesh's tensor axis (the logits' vocab is split over it)."""
+    compute = _DTYPE_BYTES[config.model.dtype]
+    logits = -(-resolve_vocab_size(config, vocab_size) // tensor)
+    return compute * (config.model.d_model + logits) + 2 * 4
+
+
+def estimate_eval_memory(config: Config, abstract_params, vocab_size: int,
+                         mesh_shape: tuple[int, ...]) -> EvalMemoryEstimate:
+    """The lower bound of one eval forward per device (module doc) at config.data.batch_size
+    x config.data.seq_len; mesh_shape: (data, fsdp, tensor[, context]) sizes;
+    abstract_params: ShapeDtypeStructs of the params (Session.abstract_state["params"])."""
+    data, fsdp, tensor, context = _mesh_sizes(mesh_shape)
+    tokens = -(-config.data.batch_size * config.data.seq_len // (data * fsdp * context))
+    return EvalMemoryEstimate(param_bytes=-(-_nbytes(abstract_params) // (fsdp * tensor)),
+                              activation_bytes_per_token=eval_bytes_per_token(
+                                  config, vocab_size, tensor),
+                              tokens_per_device=tokens)
+
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+SELF_CGROUP = Path("/proc/self/cgroup")
+_CGROUP_UNLIMITED = 2**62     # v1 writes "no limit" as 2**63 - 1 rounded down to a page
+
+
+def physical_memory_bytes() -> int | None:
+    """The host's physical RAM (os.sysconf), None where it is not reported."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _cgroup_limit_files(root: Path, self_cgroup: Path) -> list[Path]:
+    """memory.max (v2) and memory/memory.limit_in_bytes (v1) at the mount's root and at
+    this process's cgroup (/proc/self/cgroup) and each of its ancestors."""
+    files = [root / "memory.max", root / "memory" / "memory.limit_in_bytes"]
+    try:
+        lines = self_cgroup.read_text().splitlines()
+    except OSError:
+        lines = []
+    for line in lines:
+        _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        if controllers == "":
+            base, name = root, "memory.max"
+        elif "memory" in controllers.split(","):
+            base, name = root / "memory", "memory.limit_in_bytes"
+        else:
+            continue
+        parts = [p for p in path.split("/") if p]
+        files += [base.joinpath(*parts[:depth], name) for depth in range(1, len(parts) + 1)]
+    return files
+
+
+def cgroup_memory_limit_bytes(root: Path = CGROUP_ROOT,
+                              self_cgroup: Path = SELF_CGROUP) -> int | None:
+    """The lowest cgroup memory limit over `_cgroup_limit_files`; None where none is set
+    (absent, v2 "max", or v1's "unlimited" near 2**63)."""
+    limits = []
+    for path in _cgroup_limit_files(Path(root), Path(self_cgroup)):
+        try:
+            text = path.read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit() and 0 < int(text) < _CGROUP_UNLIMITED:
+            limits.append(int(text))
+    return min(limits) if limits else None
+
+
+def host_memory_bytes() -> int | None:
+    """The memory this process may use on the host: the smaller of physical RAM and the
+    cgroup limit (None where neither is known)."""
+    known = [n for n in (physical_memory_bytes(), cgroup_memory_limit_bytes()) if n]
+    return min(known) if known else None
+
+
 def device_memory_bytes(device: jax.Device | None = None) -> int | None:
-    """The allocator's limit of `device` (GPU/TPU), None where it reports none (CPU)."""
+    """The memory limit of `device`: the allocator's on GPU/TPU (None where it reports
+    none); on CPU the host's memory split over this process's CPU devices (module doc)."""
     device = device or jax.local_devices()[0]
+    if device.platform == "cpu":
+        host = host_memory_bytes()
+        return host // max(1, len(jax.local_devices(backend="cpu"))) if host else None
     try:
         stats = device.memory_stats()
     except Exception:   # some backends do not implement it
         return None
     return int(stats["bytes_limit"]) if stats and stats.get("bytes_limit") else None
+
+
+def memory_limit_name(device: jax.Device | None = None) -> str:
+    """What `device_memory_bytes` measures, for messages."""
+    device = device or jax.local_devices()[0]
+    if device.platform != "cpu":
+        return "device memory"
+    count = len(jax.local_devices(backend="cpu"))
+    return "host memory" + (f" (1/{count} of it per CPU device)" if count > 1 else "")
+
+
+def describe_limit(limit_bytes: int | None) -> str:
+    """The tail of the "memory estimate: ..." startup line: " of <limit> of <what>"."""
+    if not limit_bytes:
+        return " (device memory not reported)"
+    return f" of {format_bytes(limit_bytes)} of {memory_limit_name()}"
 
 
 def _what_to_lower(config: Config) -> str:
@@ -147,7 +290,24 @@ def check_fits(config: Config, estimate: MemoryEstimate, limit_bytes: int | None
         return
     raise DeviceMemoryError(
         f"the train step needs at least {estimate.describe()}, more than the "
-        f"{format_bytes(limit_bytes)} of device memory: {_what_to_lower(config)}")
+        f"{format_bytes(limit_bytes)} of {memory_limit_name()}: {_what_to_lower(config)}")
+
+
+def eval_what_to_lower(config: Config) -> str:
+    """The `eval` options to lower, with the values in use."""
+    return (f"lower --seq-len ({config.data.seq_len}) or --batch-size "
+            f"({config.data.batch_size})")
+
+
+def check_eval_fits(config: Config, estimate: EvalMemoryEstimate,
+                    limit_bytes: int | None) -> None:
+    """DeviceMemoryError when the eval forward's lower bound exceeds `limit_bytes` (None:
+    nothing to check)."""
+    if limit_bytes is None or estimate.total_bytes <= limit_bytes:
+        return
+    raise DeviceMemoryError(
+        f"the eval forward needs at least {estimate.describe()}, more than the "
+        f"{format_bytes(limit_bytes)} of {memory_limit_name()}: {eval_what_to_lower(config)}")
 
 
 def check_session_fits(config: Config, abstract_state, vocab_size: int,
@@ -162,19 +322,21 @@ def check_session_fits(config: Config, abstract_state, vocab_size: int,
 
 
 @contextlib.contextmanager
-def out_of_memory_errors(config: Config):
+def out_of_memory_errors(config: Config, what_to_lower: str | None = None):
     """Inside the block, XLA's out-of-memory is raised as a DeviceMemoryError."""
     try:
         yield
     except Exception as error:
-        memory_error = out_of_memory_error(error, config)
+        memory_error = out_of_memory_error(error, config, what_to_lower)
         if memory_error is None:
             raise
         raise memory_error from error
 
 
-def out_of_memory_error(error: BaseException, config: Config) -> DeviceMemoryError | None:
-    """XLA's out-of-memory (RESOURCE_EXHAUSTED) as a DeviceMemoryError; None for others."""
+def out_of_memory_error(error: BaseException, config: Config,
+                        what_to_lower: str | None = None) -> DeviceMemoryError | None:
+    """XLA's out-of-memory (RESOURCE_EXHAUSTED) as a DeviceMemoryError; None for others.
+    what_to_lower: the advice after the colon (default: the train step's config keys)."""
     if not isinstance(error, jax.errors.JaxRuntimeError):
         return None
     text = str(error)
@@ -183,4 +345,5 @@ def out_of_memory_error(error: BaseException, config: Config) -> DeviceMemoryErr
     allocation = re.search(r"Out of memory while trying to allocate ([0-9.]+ ?[KMGT]?i?B)", text)
     what = (f"could not allocate {allocation.group(1)}" if allocation else
             " ".join(text.strip().splitlines()[0].split())[:200])
-    return DeviceMemoryError(f"out of device memory ({what}): {_what_to_lower(config)}")
+    return DeviceMemoryError(f"out of device memory ({what}): "
+                             f"{what_to_lower or _what_to_lower(config)}")

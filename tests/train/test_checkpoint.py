@@ -1,8 +1,10 @@
 """Tests for train/checkpoint.py: round trips, retention, corruption, kills, resharding, signals."""
 
+import gc
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -20,6 +22,8 @@ from train.checkpoint import (
     QUARANTINE_DIRNAME,
     TMP_MARKER,
     Checkpointer,
+    NoReadableCheckpointError,
+    RunConfigError,
     UnreadableCheckpointError,
     decode_iterator_state,
     encode_iterator_state,
@@ -233,6 +237,70 @@ def test_all_steps_unreadable_raises(tmp_path):
         assert checkpointer.restore_latest(_abstract(state)) is None
 
 
+def _array_data_files(step_dir):
+    """The files holding a step's array bytes (OCDBT data files, under state/**/d/)."""
+    files = [p for p in (step_dir / "state").rglob("*") if p.is_file() and p.parent.name == "d"]
+    assert files
+    return files
+
+
+@pytest.mark.parametrize("damage,gist", [
+    ("truncate", r"[A-Z_]+ reading state"),           # tensorstore's status code, no spec
+    ("delete", r"[A-Z_]+ reading state"),
+    ("record", r"JSONDecodeError reading record: Expecting property name .*"),
+])
+def test_unreadable_step_errors_are_one_short_line(tmp_path, caplog, damage, gist):
+    state = _train_state(3)
+    with Checkpointer(tmp_path, save_interval_steps=1) as checkpointer:
+        checkpointer.save(1, state=state)
+        checkpointer.save(2, state=state)
+    for step in (1, 2):
+        for victim in _array_data_files(tmp_path / str(step)):
+            if damage == "truncate":
+                victim.write_bytes(victim.read_bytes()[:10])
+            elif damage == "delete":
+                victim.unlink()
+        if damage == "record":
+            (tmp_path / str(step) / "record" / "metadata").write_text("{not json")
+    caplog.set_level(logging.WARNING)
+    with Checkpointer(tmp_path, read_only=True) as checkpointer:
+        with pytest.raises(UnreadableCheckpointError) as error:
+            checkpointer.restore(2, _abstract(state))
+        assert re.fullmatch(gist, str(error.value)), str(error.value)
+        with pytest.raises(NoReadableCheckpointError) as error:
+            checkpointer.restore_latest(_abstract(state))
+        message = str(error.value)
+        assert message.startswith(f"no readable checkpoint in {tmp_path}: steps 2, 1 are "
+                                  "unreadable (") and "\n" not in message and len(message) < 300
+    assert caplog.text == ""                # nothing logged above INFO: the error says it all
+
+
+def test_failed_restore_leaves_no_reads_running(tmp_path, caplog, capfd, monkeypatch):
+    """A failed read of many arrays: Orbax's event loop used to close with the other reads
+    in flight, which then reported "RuntimeError: Event loop is closed" from tensorstore's
+    threads (sys.unraisablehook: a traceback on stderr) and logged "Task exception was never
+    retrieved" when collected."""
+    unraisable = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    rng = np.random.default_rng(8)
+    state = {f"w{i}": jnp.asarray(rng.normal(size=(40, 56)), jnp.float32) for i in range(32)}
+    with Checkpointer(tmp_path, save_interval_steps=1) as checkpointer:
+        checkpointer.save(1, state=state)
+    for path in _array_data_files(tmp_path / "1"):
+        path.write_bytes(b"")
+    caplog.set_level(logging.WARNING, logger="asyncio")
+    with Checkpointer(tmp_path, read_only=True) as checkpointer:
+        for _ in range(4):
+            with pytest.raises(UnreadableCheckpointError):
+                checkpointer.restore(1, _abstract(state))
+    time.sleep(0.2)
+    gc.collect()
+    assert not unraisable, [repr(u.exc_value) for u in unraisable[:3]]
+    assert not [r for r in caplog.records if r.name == "asyncio"], caplog.text[:2000]
+    captured = capfd.readouterr()
+    assert "Traceback" not in captured.err + captured.out, captured.err[:2000]
+
+
 _KILLED_SAVE = """
     import asyncio, time
     import jax, jax.numpy as jnp
@@ -431,6 +499,22 @@ def test_run_files_written_once(tmp_path, caplog):
 
     with pytest.raises(ValueError, match="tokenizer"):
         save_run_files(tmp_path, config=config, tokenizer=OtherTokenizer())
+
+
+@pytest.mark.parametrize("content,problem", [
+    ("{bad", r"is not valid JSON \(Expecting property name"),
+    ("", r"is not valid JSON \(Expecting value"),
+    (b"\xff{", r"is not valid JSON \(not UTF-8 text"),
+    ("[1]", r"is not a JSON object \(holds a list\)"),
+])
+def test_damaged_run_config_is_an_error_naming_the_file(tmp_path, content, problem):
+    path = tmp_path / "config.json"
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    with pytest.raises(RunConfigError, match=re.escape(str(path)) + " " + problem):
+        load_run_config(tmp_path)
+    assert issubclass(RunConfigError, ValueError)
+    with pytest.raises(FileNotFoundError, match="not a run directory"):
+        load_run_config(tmp_path / "elsewhere")
 
 
 @pytest.mark.parametrize("kwargs,match", [

@@ -5,6 +5,8 @@ In-process `main([...])` except where a real signal and exit code are the point 
 subprocess test). Every fit here is a 1-layer width-16 model on a small corpus.
 """
 
+import contextlib
+import errno
 import os
 import signal
 import subprocess
@@ -88,7 +90,9 @@ def test_user_mistakes_are_one_line_errors_and_leave_no_run_dir(tmp_path, corpus
         with pytest.raises(SystemExit) as exited:
             main(argv)
         assert exited.value.code == 2
-        assert "expected an integer >= 1, got 0" in capsys.readouterr().err
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error: python -m train "), err
+        assert "expected an integer >= 1, got 0" in err[0]
 
 
 def test_data_tokenizer_run_dir_and_prepare_mistakes_are_one_line_errors(tmp_path, corpus, capsys):
@@ -134,15 +138,33 @@ def test_data_tokenizer_run_dir_and_prepare_mistakes_are_one_line_errors(tmp_pat
         assert exited.value.code == 2 and "expected an integer >=" in capsys.readouterr().err
 
 
-def test_a_genuine_bug_keeps_its_traceback_and_v_shows_user_errors(monkeypatch, tmp_path):
+def test_a_genuine_bug_keeps_its_traceback_and_v_shows_user_errors(monkeypatch, tmp_path,
+                                                                    capsys):
     def broken(*args, **kwargs):
         raise ZeroDivisionError("a bug")
 
     monkeypatch.setattr("train.fit.fit", broken)
     with pytest.raises(ZeroDivisionError):
         main(["fit", "tiny_softmax", "--run-dir", str(tmp_path / "r")])
-    with pytest.raises(Exception, match="does not exist"):     # -v: the traceback
-        main(["-v", "eval", str(tmp_path / "nowhere")])
+    assert main(["-v", "eval", str(tmp_path / "nowhere")]) == 1    # -v: the traceback first
+    err = capsys.readouterr().err
+    assert "Traceback" in err
+    assert err.strip().splitlines()[-1].startswith("error: ") and "does not exist" in err
+
+
+def test_verbose_keeps_the_exit_codes_and_overrides_may_follow_options(
+        tmp_path, corpus, capsys, nan_at_step_3):
+    assert main(["-v", "config", "tiny_softmax", "model.nonsense=1"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" in err and err.strip().splitlines()[-1].startswith("error: unknown config")
+    argv = ["-v", "fit", "tiny_softmax", "--run-dir", str(tmp_path / "r"),   # overrides last
+            *overrides(corpus, "train.steps=6", "train.checkpoint_every=2")]
+    assert main(argv) == EXIT_DIVERGED
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith("error: training diverged")
+    with pytest.raises(SystemExit) as exited:
+        main(["config", "tiny_softmax", "--run-dir", "x"])         # config takes no --run-dir
+    assert exited.value.code == 2 and "unrecognized arguments: --run-dir x" in \
+        capsys.readouterr().err
 
 
 def test_a_bugs_value_error_while_setting_up_a_run_keeps_its_traceback(
@@ -213,6 +235,36 @@ def test_one_writer_per_run_dir_and_a_dead_holders_lock_is_stale(tmp_path):
         with claimed_run_dir(run_dir):
             raise ValueError
     assert run_dir.is_dir()
+
+
+def test_a_process_refused_the_lock_leaves_the_holders_new_dir_alone(tmp_path, monkeypatch):
+    """Two processes start on a fresh directory at once: the winner creates it and holds the
+    lock; the loser saw no directory before, yet must not remove the winner's."""
+    import train.runs as runs
+    run_dir = tmp_path / "fresh"
+
+    @contextlib.contextmanager
+    def winner_holds_it(path):
+        path.mkdir()
+        (path / "config.json").write_text("{}")
+        raise RunLockedError(f"{path} is in use by another process (pid 1)")
+        yield
+
+    monkeypatch.setattr(runs, "run_lock", winner_holds_it)
+    with pytest.raises(RunLockedError):
+        with claimed_run_dir(run_dir):
+            pass
+    assert (run_dir / "config.json").is_file()
+
+
+def test_a_filesystem_without_locks_warns_and_runs(tmp_path, monkeypatch, caplog):
+    def no_locks(fd, operation):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr("train.runs.fcntl.flock", no_locks)
+    with run_lock(tmp_path / "nfs"):
+        pass
+    assert "does not support locks" in caplog.text
 
 
 # ------------------------------------------------------------------ divergence
