@@ -462,8 +462,9 @@ def _reported(args, line: str, code: int) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse(build_parser(), argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(levelname)s %(name)s: %(message)s")
+    level = logging.INFO if args.verbose else logging.WARNING
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger().setLevel(level)     # also when `python -m train` configured it first
     from train.checkpoint import (NoReadableCheckpointError, RunConfigError,
                                   UnreadableCheckpointError)
     from train.memory import DeviceMemoryError
