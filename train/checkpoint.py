@@ -643,6 +643,7 @@ class Checkpointer:
         data_iterator: Any = None,
         config: Mapping[str, Any] | None = None,
         extra: Mapping[str, Any] | None = None,
+        progress: Mapping[str, Any] | None = None,
         force: bool = False,
     ) -> bool:
         """Saves `state` (pytree of arrays) at `step` if due (or `force`); returns whether it did.
@@ -651,6 +652,8 @@ class Checkpointer:
         config: the run config (JSON-serialisable), stored in the step record.
         extra: the caller's own JSON-serialisable record of the step (e.g. which one-time
             transforms the run has applied), returned as `record["extra"]` on restore.
+        progress: the trainer's counters that must survive a resume (e.g. skipped steps),
+            returned as `record["progress"]`.
         A step that already exists is not rewritten (returns False).
         """
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
@@ -671,6 +674,7 @@ class Checkpointer:
             "command_line": list(sys.argv),
             "code": code_revision(),
             "extra": _json_safe(extra or {}, "extra"),
+            "progress": _json_safe(progress or {}, "progress"),
             "process_count": jax.process_count(),
             "has_iterator_state": data_iterator is not None,
             "prng_keys": key_impls,

@@ -90,7 +90,7 @@ class FitResult:
     wall_seconds: float
     preempted: bool
     eval: dict[str, Any] | None
-    skipped_steps: int = 0          # non-finite steps skipped (train.on_nonfinite="skip")
+    skipped_steps: int = 0          # non-finite steps skipped over the run, resumes included
 
 
 class RunSetupError(ValueError):
@@ -184,6 +184,8 @@ def _fit_locked(config: Config, run_dir: Path, hooks: FitHooks, mesh: Mesh | Non
             restored = _restore_latest(checkpointer, session, train_iterator, run_dir, config)
             if restored is not None:
                 state, start_step = restored.state, restored.step
+                progress = restored.record.get("progress", {})
+                skipped_before = int(progress.get("skipped_steps", 0))
                 extra = (hooks.resume(restored) if hooks.resume
                          else dict(restored.record.get("extra", {})))
                 bar.message(f"resumed from step {start_step} ({checkpointer.directory})")
@@ -192,7 +194,7 @@ def _fit_locked(config: Config, run_dir: Path, hooks: FitHooks, mesh: Mesh | Non
                     bar.message("warning: the config differs from the checkpoint's in "
                                 + "; ".join(changes))
             else:
-                state, start_step = session.init_state(), 0
+                state, start_step, skipped_before = session.init_state(), 0, 0
                 params, extra = hooks.initial(session) if hooks.initial else (None, {})
                 if params is not None:
                     state["params"] = jax.device_put(params, session.state_shardings["params"])
@@ -215,7 +217,7 @@ def _fit_locked(config: Config, run_dir: Path, hooks: FitHooks, mesh: Mesh | Non
     last_eval: dict[str, Any] | None = None
     preempted = False
     unchecked: list[tuple[int, dict[str, jax.Array]]] = []
-    skipped_steps = 0
+    skipped_steps = skipped_before      # over the whole run (kept in the checkpoint record)
 
     def check_finite() -> None:
         """Stops (or counts) the non-finite steps since the last check."""
@@ -244,13 +246,14 @@ def _fit_locked(config: Config, run_dir: Path, hooks: FitHooks, mesh: Mesh | Non
             writer.write("skipped", s, {"loss": loss, "grad_norm": norm,
                                         "skipped_total": skipped_steps})
         bar.message(f"skipped {len(bad)} non-finite step(s) (first: step {first[0]}); "
-                    f"{skipped_steps} in this process")
+                    f"{skipped_steps} in this run")
 
     def save(force: bool) -> bool:
         check_finite()
         log.flush(step)     # every record up to the checkpoint's step is on disk first
         return checkpointer.save(step, state=state, data_iterator=train_iterator,
-                                 config=config.to_dict(), extra=extra, force=force)
+                                 config=config.to_dict(), extra=extra,
+                                 progress={"skipped_steps": skipped_steps}, force=force)
 
     def run_eval() -> dict[str, Any]:
         result = evaluate(session, state["params"], iter(eval_dataset), t.eval_batches)

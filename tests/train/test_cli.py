@@ -307,6 +307,10 @@ def test_divergence_stops_before_checkpointing_or_skips(tmp_path, corpus, capsys
     restored = restore_run_state(skip_dir, train.session.build_session(config, tokenizer.vocab_size))
     assert restored.step == 6
     assert all(np.all(np.isfinite(np.asarray(x))) for x in jax.tree.leaves(restored.state))
+    # the count is the run's, not the process's: a resumed run still reports the skipped step
+    assert main([*argv, "train.on_nonfinite=skip", "train.steps=8", "--run-dir", str(skip_dir)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"resuming {skip_dir} from step 6") and "1 non-finite skipped" in out
 
 
 def test_an_update_that_overflows_the_parameters_is_never_checkpointed(
