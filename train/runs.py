@@ -174,24 +174,45 @@ def run_lock(run_dir: str | Path) -> Iterator[None]:
         os.close(fd)
 
 
-def _has_progress(run_dir: Path) -> bool:
+def _progress(run_dir: Path) -> tuple:
+    """What a run has produced so far: its checkpoint steps and the size of its metrics."""
     metrics = run_dir / METRICS_FILE
-    return bool(checkpoint_steps(run_dir)) or (metrics.is_file() and metrics.stat().st_size > 0)
+    return (tuple(checkpoint_steps(run_dir)), metrics.stat().st_size if metrics.is_file() else 0)
+
+
+def _is_setup_file(name: str) -> bool:
+    """The files a run writes before its first step (config, its copies, tokenizer, lock)."""
+    return (name in (ckpt.CONFIG_FILENAME, ckpt.TOKENIZER_DIRNAME, LOCK_FILE)
+            or (name.startswith("config.") and name.endswith(".json")))
 
 
 @contextlib.contextmanager
 def claimed_run_dir(run_dir: str | Path) -> Iterator[Path]:
-    """The run directory, locked for this process; removed again if this call created it and
-    the body fails before writing a metric or checkpoint (no partial run is left behind)."""
+    """The run directory, locked for this process. If the body fails before it wrote a metric
+    or checkpoint, what it added is removed again: the directory, if this call created it;
+    else the setup files it added (config copies, tokenizer, lock), while the user's files,
+    earlier runs' files and every checkpoint stay. So a failed attempt leaves no partial run
+    behind, in a fresh directory or in one that a job script made beforehand."""
     run_dir = Path(run_dir)
     created = not run_dir.exists()
+    before = set() if created else {entry.name for entry in run_dir.iterdir()}
+    progress = (), 0
     locked = False              # a process refused the lock must not remove the holder's dir
     try:
         with run_lock(run_dir):
             locked = True
+            progress = _progress(run_dir)
             yield run_dir
     except BaseException:
-        if (created and locked and jax.process_index() == 0 and run_dir.is_dir()
-                and not _has_progress(run_dir)):
-            shutil.rmtree(run_dir, ignore_errors=True)
+        if (locked and jax.process_index() == 0 and run_dir.is_dir()
+                and _progress(run_dir) == progress):
+            if created:
+                shutil.rmtree(run_dir, ignore_errors=True)
+            else:
+                for entry in run_dir.iterdir():
+                    if entry.name not in before and _is_setup_file(entry.name):
+                        if entry.is_dir():
+                            shutil.rmtree(entry, ignore_errors=True)
+                        else:
+                            entry.unlink(missing_ok=True)
         raise

@@ -7,6 +7,7 @@ subprocess test). Every fit here is a 1-layer width-16 model on a small corpus.
 
 import contextlib
 import errno
+import json
 import os
 import signal
 import subprocess
@@ -356,6 +357,23 @@ def test_resuming_with_another_model_names_the_changed_keys(tmp_path, corpus, ca
     line = error_line(capsys, after_progress=True)
     assert "no longer matches the checkpoint" in line and "model.d_model: 16 -> 24" in line
     assert checkpoint_steps(run_dir) == [2]                       # the run is left as it was
+    assert not list(run_dir.glob("config.*.json"))                # no copy of the refused config
+
+
+def test_a_failed_start_in_a_directory_made_beforehand_leaves_only_what_was_there(
+        tmp_path, corpus, capsys):
+    """Job scripts create the output directory first: a run that fails before its first step
+    removes its config, tokenizer and lock again, keeps the user's files, and the next
+    (corrected) command starts cleanly with its own config."""
+    run_dir = tmp_path / "made_by_the_job"
+    run_dir.mkdir()
+    (run_dir / "notes.txt").write_text("mine")
+    argv = ["fit", "tiny_softmax", *overrides(corpus, "train.steps=2"), "--run-dir", str(run_dir)]
+    assert main([*argv[:-2], f"data.source={tmp_path / 'missing'}", *argv[-2:]]) == 1
+    assert "does not exist" in error_line(capsys, after_progress=True)
+    assert sorted(p.name for p in run_dir.iterdir()) == ["notes.txt"]
+    assert main(argv) == 0
+    assert json.loads((run_dir / "config.json").read_text())["data"]["source"] == str(corpus)
 
 
 def test_eval_is_read_only_and_takes_step(tmp_path, corpus, capsys):
