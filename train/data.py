@@ -152,11 +152,14 @@ def _arrayrecord_corpus(spec: str) -> ArrayRecordCorpus:
     pattern = spec[len(ARRAYRECORD_PREFIX):]
     if not glob.has_magic(pattern) and not Path(pattern).exists():
         raise FileNotFoundError(f"source: {spec!r}: {pattern!r} does not exist")
-    if Path(pattern).is_dir():
+    whole_directory = Path(pattern).is_dir()
+    if whole_directory:
         pattern = str(Path(pattern) / "*.arrayrecord")
     shards = sorted(str(Path(p).resolve()) for p in glob.glob(pattern) if Path(p).is_file())
     if not shards:
         raise ValueError(f"source: no ArrayRecord shards match {pattern!r}")
+    if whole_directory:     # a glob may choose some shards; a directory means all of them
+        _require_listed_shards(Path(shards[0]).parent)
     keys: list[str] = []
     lengths: list[int] | None = []
     fingerprints = set()
@@ -199,6 +202,16 @@ def _arrayrecord_corpus(spec: str) -> ArrayRecordCorpus:
         raise ValueError(f"source: shards of {spec!r} come from different tokenizers")
     return ArrayRecordCorpus(tuple(shards), tuple(keys), fingerprints.pop(),
                              tuple(lengths) if lengths is not None else None)
+
+
+def _require_listed_shards(directory: Path) -> None:
+    """FileNotFoundError naming a shard that the directory's manifest lists but is missing."""
+    manifest = _read_manifest(directory / MANIFEST_FILENAME)
+    for entry in (manifest or {}).get("shards", ()):
+        if not (directory / entry["file"]).is_file():
+            raise FileNotFoundError(
+                f"source: shard {directory / entry['file']} listed in "
+                f"{directory / MANIFEST_FILENAME} does not exist; re-run prepare or restore it")
 
 
 def _read_manifest(path: Path) -> dict | None:

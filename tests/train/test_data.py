@@ -237,6 +237,13 @@ def test_arrayrecord_shards_match_text_source(tmp_path):
                                  max_documents=2)
     # a shard swapped for another with as many records: the manifest's lengths no longer
     # hold, so it is refused when the source is opened (not an IndexError mid-run)
+    missing = tmp_path / "missing_one"                  # a shard the manifest lists is gone
+    shutil.copytree(out, missing)
+    (missing / paths[2].name).unlink()
+    with pytest.raises(FileNotFoundError, match=f"{paths[2].name} listed in"):
+        make_dataset(source=f"arrayrecord:{missing}", tokenizer=BYTE, seq_len=8, batch_size=1)
+    assert list(make_dataset(source=f"arrayrecord:{missing}/tokens-0000[01]-*", tokenizer=BYTE,
+                             seq_len=8, batch_size=1, num_epochs=1))    # a glob may choose
     assert paths[0].stat().st_size != paths[1].stat().st_size
     shutil.copyfile(paths[1], paths[0])                 # 8 records each, other documents
     with pytest.raises(ValueError, match="changed after it was written"):
