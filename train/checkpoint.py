@@ -233,6 +233,8 @@ def load_run_config(run_dir: str | os.PathLike) -> dict[str, Any]:
     when it is not a run directory, RunConfigError naming the file when it is not a JSON
     object."""
     path = Path(run_dir) / CONFIG_FILENAME
+    if not Path(run_dir).exists():
+        raise FileNotFoundError(f"{run_dir}: run directory does not exist")
     if not path.is_file():
         raise FileNotFoundError(f"{run_dir}: not a run directory (no {CONFIG_FILENAME})")
     try:

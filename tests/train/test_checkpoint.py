@@ -513,6 +513,9 @@ def test_damaged_run_config_is_an_error_naming_the_file(tmp_path, content, probl
     with pytest.raises(RunConfigError, match=re.escape(str(path)) + " " + problem):
         load_run_config(tmp_path)
     assert issubclass(RunConfigError, ValueError)
+    with pytest.raises(FileNotFoundError, match="run directory does not exist"):
+        load_run_config(tmp_path / "elsewhere")
+    (tmp_path / "elsewhere").mkdir()
     with pytest.raises(FileNotFoundError, match="not a run directory"):
         load_run_config(tmp_path / "elsewhere")
 

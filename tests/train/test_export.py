@@ -219,7 +219,8 @@ def test_cli_parses_export_and_reports_a_missing_run(tmp_path, capsys):
                                       "--step", "7"])
     assert (args.handler, args.dtype, args.step, args.format) == (command_export, "bf16", 7, "fla")
     assert command_export(args) == 1
-    assert capsys.readouterr().err.startswith(f"error: {tmp_path / 'no-run'}: not a run directory")
+    assert capsys.readouterr().err.startswith(
+        f"error: {tmp_path / 'no-run'}: run directory does not exist")
 
 
 # ----------------------------------------------------------------------------------------------
