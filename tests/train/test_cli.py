@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 import train.session
+from tests.train import tiny_run
 from train.cli import EXIT_DIVERGED, EXIT_PREEMPTED, main
 from train.config import load_config
 from train.metrics import read_metrics
@@ -27,22 +28,12 @@ from train.runs import (RunLockedError, checkpoint_dir, checkpoint_steps, claime
                         default_run_dir, restore_run_state, run_lock)
 
 REPO = Path(__file__).resolve().parents[2]
-TINY = ["model.d_model=16", "model.num_layers=1", "attention.kind=softmax",
-        "attention.position=rope", "attention.num_heads=2", "attention.head_dim=8",
-        "data.seq_len=16", "data.batch_size=2", "data.heldout_fraction=0.2",
-        "optim.warmup_steps=1", "train.log_every=1", "train.eval_batches=1",
-        "train.eval_every=0", "train.position_buckets=2", "train.tensorboard=false"]
+TINY = [*tiny_run.TINY, "train.tensorboard=false"]
 
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    root = tmp_path_factory.mktemp("corpus")
-    rng = np.random.default_rng(11)
-    words = ["def", "return", "x", "y", "(", ")", ":", "=", "+", "1", "\n", "    "]
-    for index in range(12):
-        (root / f"doc_{index:02d}.py").write_text(
-            " ".join(rng.choice(words, size=int(rng.integers(40, 120)))))
-    return root
+    return tiny_run.write_corpus(tmp_path_factory.mktemp("corpus"), seed=11)
 
 
 def overrides(corpus, *more):

@@ -16,6 +16,7 @@ import pytest
 import train.evaluate
 import train.memory
 from tests.seeds import case_seed
+from tests.train import tiny_run
 from train import checkpoint as ckpt
 from train.cli import main
 from train.config import load_config
@@ -25,22 +26,14 @@ from train.memory import (cgroup_memory_limit_bytes, check_fits, describe_limit,
 from train.session import build_session
 from train.tokenizer import load_tokenizer
 
-TINY = ["model.d_model=16", "model.num_layers=1", "attention.kind=softmax",
-        "attention.position=rope", "attention.num_heads=2", "attention.head_dim=8",
-        "data.seq_len=16", "data.batch_size=2", "data.heldout_fraction=0.2",
-        "optim.warmup_steps=1", "train.log_every=1", "train.eval_batches=1",
-        "train.eval_every=0", "train.position_buckets=2"]
+TINY = tiny_run.TINY
 KIB, GIB = 2**10, 2**30
 
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    root = tmp_path_factory.mktemp("corpus")
-    rng = np.random.default_rng(case_seed(1400))
-    words = ["def", "return", "x", "y", "(", ")", ":", "=", "+", "1", "\n", "    "]
-    for index in range(8):
-        (root / f"doc_{index}.py").write_text(" ".join(rng.choice(words, size=60)))
-    return root
+    return tiny_run.write_corpus(tmp_path_factory.mktemp("corpus"), seed=case_seed(1400),
+                                 documents=8)
 
 
 def host_memory(monkeypatch, physical, cgroup=None):

@@ -17,6 +17,7 @@ import pytest
 import train.fit
 import train.memory
 from tests.seeds import case_seed
+from tests.train import tiny_run
 from train.cli import main
 from train.config import load_config
 from train.memory import (DeviceMemoryError, check_fits, estimate_train_memory,
@@ -24,22 +25,12 @@ from train.memory import (DeviceMemoryError, check_fits, estimate_train_memory,
 from train.metrics import METRICS_FILE, MetricsWriter, read_metrics
 from train.session import build_session
 
-TINY = ["model.d_model=16", "model.num_layers=1", "attention.kind=softmax",
-        "attention.position=rope", "attention.num_heads=2", "attention.head_dim=8",
-        "data.seq_len=16", "data.batch_size=2", "data.heldout_fraction=0.2",
-        "optim.warmup_steps=1", "train.log_every=1", "train.eval_batches=1",
-        "train.eval_every=0", "train.position_buckets=2"]
+TINY = tiny_run.TINY
 
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    root = tmp_path_factory.mktemp("corpus")
-    rng = np.random.default_rng(case_seed(1200))
-    words = ["def", "return", "x", "y", "(", ")", ":", "=", "+", "1", "\n", "    "]
-    for index in range(12):
-        (root / f"doc_{index:02d}.py").write_text(
-            " ".join(rng.choice(words, size=int(rng.integers(40, 120)))))
-    return root
+    return tiny_run.write_corpus(tmp_path_factory.mktemp("corpus"), seed=case_seed(1200))
 
 
 def tensorboard_scalars(events_dir: Path) -> list[list[tuple[str, int]]]:

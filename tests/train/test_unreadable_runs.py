@@ -12,17 +12,13 @@ import shutil
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
+from tests.train import tiny_run
 from train.cli import main
 from train.runs import checkpoint_dir, checkpoint_steps
 
-TINY = ["model.d_model=16", "model.num_layers=1", "attention.kind=softmax",
-        "attention.position=rope", "attention.num_heads=2", "attention.head_dim=8",
-        "data.seq_len=16", "data.batch_size=2", "data.heldout_fraction=0.2",
-        "optim.warmup_steps=1", "train.log_every=1", "train.eval_batches=1",
-        "train.eval_every=0", "train.position_buckets=2", "train.tensorboard=false"]
+TINY = [*tiny_run.TINY, "train.tensorboard=false"]
 
 
 @pytest.fixture(scope="module")
@@ -31,11 +27,7 @@ def trained(tmp_path_factory):
     root = tmp_path_factory.mktemp("unreadable")
     corpus = root / "corpus"
     corpus.mkdir()
-    rng = np.random.default_rng(7)
-    words = ["def", "return", "x", "(", ")", ":", "=", "+", "1", "\n", "    "]
-    for index in range(8):
-        (corpus / f"doc_{index}.py").write_text(
-            " ".join(rng.choice(words, size=int(rng.integers(40, 100)))))
+    tiny_run.write_corpus(corpus, seed=7, documents=8)
     run_dir = root / "run"
     fit = ["fit", "tiny_softmax", *TINY, f"data.source={corpus}", "train.steps=4",
            "train.checkpoint_every=2", "--run-dir"]
