@@ -10,7 +10,6 @@ import types
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 
 import train.evaluate
