@@ -55,7 +55,8 @@ import numpy as np
 
 from gdn_jax.layer import GatedDeltaNet
 from train.config import Config
-from train.memory import check_session_fits, out_of_memory_errors
+from train.memory import (check_fits, device_memory_bytes, estimate_train_memory,
+                          out_of_memory_errors)
 from train.model import count_params, resolve_vocab_size
 from train.session import build_session, local_batch_size, to_global
 from train.sharding import mesh_context
@@ -146,8 +147,9 @@ def benchmark(config: Config, *, steps: int, warmup: int = 2, profile_dir: str |
         raise ValueError(f"ceiling_size must be >= 1, got {ceiling_size}")
     tokenizer_vocab = config.model.vocab_size or load_tokenizer(config.data.tokenizer).vocab_size
     session = build_session(config, tokenizer_vocab)
-    estimate = check_session_fits(config, session.abstract_state, tokenizer_vocab,
-                                  dict(session.mesh.shape))             # before compiling
+    estimate = estimate_train_memory(config, session.abstract_state, tokenizer_vocab,
+                                     session.mesh.shape)
+    check_fits(config, estimate, device_memory_bytes())                 # before compiling
     batch_size, seq_len = local_batch_size(config), config.data.seq_len
     rng = np.random.default_rng(config.train.seed)
     local = {"tokens": rng.integers(0, tokenizer_vocab, (batch_size, seq_len + 1), np.int32),

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from train.config import Config, ConfigError
-from train.memory import (check_eval_fits, device_memory_bytes, estimate_eval_memory,
+from train.memory import (check_fits, device_memory_bytes, estimate_eval_memory,
                           eval_what_to_lower, out_of_memory_errors)
 from train.runs import load_run, restore_run_state
 from train.session import Session, build_session, make_split_dataset, to_global
@@ -85,10 +85,9 @@ def evaluate_run(run_dir: str | Path, *, seq_len: int | None = None,
         raise ConfigError(f"batch_size: expected a multiple of the mesh's data x fsdp = {shards} "
                           f"batch shards, got {config.data.batch_size}")
     estimate = estimate_eval_memory(config, session.abstract_state["params"],
-                                    tokenizer.vocab_size,
-                                    (mesh["data"], mesh["fsdp"], mesh["tensor"],
-                                     mesh.get("context", 1)))
-    check_eval_fits(config, estimate, device_memory_bytes())
+                                    tokenizer.vocab_size, mesh)
+    check_fits(config, estimate, device_memory_bytes(), subject="the eval forward",
+               advice=eval_what_to_lower(config))
     restored = restore_run_state(run_dir, session, step)
     if config != run_config:
         session = build_session(config, tokenizer.vocab_size, session.mesh)

@@ -168,10 +168,8 @@ def _fit_locked(config: Config, run_dir: Path, hooks: FitHooks, mesh: Mesh | Non
         ckpt.save_run_files(run_dir, config=config.to_dict(), tokenizer=tokenizer)
         train_iterator = iter(make_split_dataset(config, tokenizer, "train"))
         eval_dataset = make_split_dataset(config, tokenizer, "eval")
-    mesh_shape = dict(session.mesh.shape)
     memory = estimate_train_memory(config, session.abstract_state, tokenizer.vocab_size,
-                                   (mesh_shape["data"], mesh_shape["fsdp"], mesh_shape["tensor"],
-                                    mesh_shape.get("context", 1)))
+                                   session.mesh.shape)
     memory_limit = device_memory_bytes()
     check_fits(config, memory, memory_limit)     # before anything is allocated or compiled
     checkpointer = ckpt.Checkpointer(

@@ -48,6 +48,7 @@ import contextlib
 import dataclasses
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
 
 import jax
@@ -143,8 +144,8 @@ def activation_bytes_per_token(config: Config, vocab_size: int, context: int = 1
 
 
 def estimate_train_memory(config: Config, abstract_state, vocab_size: int,
-                          mesh_shape: tuple[int, ...]) -> MemoryEstimate:
-    """mesh_shape: (data, fsdp, tensor[, context]) sizes. abstract_state: {"params",
+                          mesh_shape) -> MemoryEstimate:
+    """mesh_shape: (data, fsdp, tensor[, context]) sizes, or a mesh's `.shape`. abstract_state: {"params",
     "opt_state", ...} of ShapeDtypeStructs (Session.abstract_state)."""
     data, fsdp, tensor, context = _mesh_sizes(mesh_shape)
     model_parallel = fsdp * tensor
@@ -159,7 +160,11 @@ def estimate_train_memory(config: Config, abstract_state, vocab_size: int,
                           tokens_per_device=tokens)
 
 
-def _mesh_sizes(mesh_shape: tuple[int, ...]) -> tuple[int, int, int, int]:
+def _mesh_sizes(mesh_shape) -> tuple[int, int, int, int]:
+    """(data, fsdp, tensor, context) from a tuple of 3 or 4 sizes or a mesh's `.shape`."""
+    if isinstance(mesh_shape, Mapping):
+        mesh_shape = (mesh_shape["data"], mesh_shape["fsdp"], mesh_shape["tensor"],
+                      mesh_shape.get("context", 1))
     if len(mesh_shape) not in (3, 4) or any(not isinstance(n, (int, np.integer)) or n < 1
                                               for n in mesh_shape):
         raise ValueError(f"mesh_shape: expected (data, fsdp, tensor[, context]) positive ints, "
@@ -176,9 +181,10 @@ def eval_bytes_per_token(config: Config, vocab_size: int, tensor: int = 1) -> in
 
 
 def estimate_eval_memory(config: Config, abstract_params, vocab_size: int,
-                         mesh_shape: tuple[int, ...]) -> EvalMemoryEstimate:
+                         mesh_shape) -> EvalMemoryEstimate:
     """The lower bound of one eval forward per device (module doc) at config.data.batch_size
-    x config.data.seq_len; mesh_shape: (data, fsdp, tensor[, context]) sizes;
+    x config.data.seq_len; mesh_shape: (data, fsdp, tensor[, context]) sizes or a mesh's
+    `.shape`;
     abstract_params: ShapeDtypeStructs of the params (Session.abstract_state["params"])."""
     data, fsdp, tensor, context = _mesh_sizes(mesh_shape)
     tokens = -(-config.data.batch_size * config.data.seq_len // (data * fsdp * context))
@@ -284,41 +290,24 @@ def _what_to_lower(config: Config) -> str:
     return "lower " + " or ".join(hints) + ", " + " or ".join(more)
 
 
-def check_fits(config: Config, estimate: MemoryEstimate, limit_bytes: int | None) -> None:
-    """DeviceMemoryError when the estimate exceeds `limit_bytes` (None: nothing to check)."""
+def check_fits(config: Config, estimate: MemoryEstimate | EvalMemoryEstimate,
+               limit_bytes: int | None, *, subject: str = "the train step",
+               advice: str | None = None) -> None:
+    """DeviceMemoryError when the estimate exceeds `limit_bytes` (None: nothing to check).
+    subject: what the estimate is of; advice: what to lower (default: the train step's
+    config keys)."""
     if limit_bytes is None or estimate.total_bytes <= limit_bytes:
         return
     raise DeviceMemoryError(
-        f"the train step needs at least {estimate.describe()}, more than the "
-        f"{format_bytes(limit_bytes)} of {memory_limit_name()}: {_what_to_lower(config)}")
+        f"{subject} needs at least {estimate.describe()}, more than the "
+        f"{format_bytes(limit_bytes)} of {memory_limit_name()}: "
+        f"{advice or _what_to_lower(config)}")
 
 
 def eval_what_to_lower(config: Config) -> str:
     """The `eval` options to lower, with the values in use."""
     return (f"lower --seq-len ({config.data.seq_len}) or --batch-size "
             f"({config.data.batch_size})")
-
-
-def check_eval_fits(config: Config, estimate: EvalMemoryEstimate,
-                    limit_bytes: int | None) -> None:
-    """DeviceMemoryError when the eval forward's lower bound exceeds `limit_bytes` (None:
-    nothing to check)."""
-    if limit_bytes is None or estimate.total_bytes <= limit_bytes:
-        return
-    raise DeviceMemoryError(
-        f"the eval forward needs at least {estimate.describe()}, more than the "
-        f"{format_bytes(limit_bytes)} of {memory_limit_name()}: {eval_what_to_lower(config)}")
-
-
-def check_session_fits(config: Config, abstract_state, vocab_size: int,
-                       mesh_shape: dict[str, int]) -> MemoryEstimate:
-    """The estimate of a session's train step (mesh_shape: its mesh.shape), checked against
-    this device's memory (`check_fits`); returns the estimate."""
-    estimate = estimate_train_memory(config, abstract_state, vocab_size,
-                                     (mesh_shape["data"], mesh_shape["fsdp"],
-                                      mesh_shape["tensor"], mesh_shape.get("context", 1)))
-    check_fits(config, estimate, device_memory_bytes())
-    return estimate
 
 
 @contextlib.contextmanager

@@ -39,10 +39,7 @@ def _one_case(preset: str, seq_len: int, batch_size: int, vocab: int, enforce: b
 
     config = load_config(preset, [f"data.seq_len={seq_len}", f"data.batch_size={batch_size}"])
     session = build_session(config, vocab)
-    mesh = dict(session.mesh.shape)
-    estimate = estimate_train_memory(config, session.abstract_state, vocab,
-                                     (mesh["data"], mesh["fsdp"], mesh["tensor"],
-                                      mesh.get("context", 1)))
+    estimate = estimate_train_memory(config, session.abstract_state, vocab, session.mesh.shape)
     limit = device_memory_bytes()
     result = {"preset": preset, "seq_len": seq_len, "batch_size": batch_size,
               "estimate_bytes": estimate.total_bytes, "state_bytes": estimate.state_bytes,

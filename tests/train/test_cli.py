@@ -462,7 +462,7 @@ def test_bench_refuses_a_step_that_cannot_fit_and_maps_out_of_memory(tmp_path, c
     import train.bench
 
     argv = ["bench", "tiny_softmax", *TINY, "--steps", "1", "--out", str(tmp_path / "b.json")]
-    monkeypatch.setattr("train.memory.device_memory_bytes", lambda: 2**16)
+    monkeypatch.setattr("train.bench.device_memory_bytes", lambda: 2**16)
     assert main([*argv, "--context", "64"]) == 1
     line = error_line(capsys)
     assert line.startswith("error: the train step needs at least") and "64.00 KiB" in line
