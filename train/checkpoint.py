@@ -395,7 +395,15 @@ def _all_processes(ok: bool) -> bool:
 
 
 class StateMismatchError(ValueError):
-    """The requested state's tree, shapes or dtypes differ from the checkpoint's."""
+    """The requested state's tree, shapes or dtypes differ from the checkpoint's; `problems`
+    lists each difference ("<path>: checkpoint <shape> <dtype> vs requested ...")."""
+
+    def __init__(self, step: int, problems: list[str]):
+        self.problems = problems
+        super().__init__(
+            f"abstract_state: does not match the state saved at step {step}: "
+            + "; ".join(problems[:8])
+            + (f" (+{len(problems) - 8} more)" if len(problems) > 8 else ""))
 
 
 def _check_tree_matches(recorded: list[dict], requested: list[dict], step: int) -> None:
@@ -410,11 +418,7 @@ def _check_tree_matches(recorded: list[dict], requested: list[dict], step: int) 
         for p in wanted if p in saved and saved[p] != wanted[p]
     ]
     if problems:
-        raise StateMismatchError(
-            f"abstract_state: does not match the state saved at step {step}: "
-            + "; ".join(problems[:8])
-            + (f" (+{len(problems) - 8} more)" if len(problems) > 8 else "")
-        )
+        raise StateMismatchError(step, problems)
 
 
 def _with_ignored_entries(abstract_state: Any, recorded_leaves: list[dict],

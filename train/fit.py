@@ -143,7 +143,7 @@ def _restore_latest(checkpointer, session, data_iterator, run_dir: Path, config:
             f"{run_dir}: the model or optimizer state no longer matches the checkpoint "
             f"(config changes: {shown or 'none'}); a run keeps its model and optimizer: undo "
             f"those changes, or start another run with --new or another --run-dir. "
-            f"First difference: {str(error).split(': ', 2)[-1].split('; ')[0]}") from error
+            f"First difference: {error.problems[0]}") from error
 
 
 class DivergenceError(RuntimeError):
