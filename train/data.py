@@ -158,8 +158,6 @@ def _arrayrecord_corpus(spec: str) -> ArrayRecordCorpus:
     shards = sorted(str(Path(p).resolve()) for p in glob.glob(pattern) if Path(p).is_file())
     if not shards:
         raise ValueError(f"source: no ArrayRecord shards match {pattern!r}")
-    if whole_directory:     # a glob may choose some shards; a directory means all of them
-        _require_listed_shards(Path(shards[0]).parent)
     keys: list[str] = []
     lengths: list[int] | None = []
     fingerprints = set()
@@ -198,15 +196,17 @@ def _arrayrecord_corpus(spec: str) -> ArrayRecordCorpus:
             lengths.extend(entry["lengths"])
         else:   # shards written before the manifest kept lengths
             lengths = None
+    if whole_directory:     # a glob may choose some shards; a directory means all of them
+        directory = Path(shards[0]).parent
+        _require_listed_shards(directory, manifests[directory])
     if len(fingerprints) != 1:
         raise ValueError(f"source: shards of {spec!r} come from different tokenizers")
     return ArrayRecordCorpus(tuple(shards), tuple(keys), fingerprints.pop(),
                              tuple(lengths) if lengths is not None else None)
 
 
-def _require_listed_shards(directory: Path) -> None:
+def _require_listed_shards(directory: Path, manifest: dict | None) -> None:
     """FileNotFoundError naming a shard that the directory's manifest lists but is missing."""
-    manifest = _read_manifest(directory / MANIFEST_FILENAME)
     for entry in (manifest or {}).get("shards", ()):
         if not (directory / entry["file"]).is_file():
             raise FileNotFoundError(
