@@ -1,0 +1,138 @@
+"""Per-kernel device time of one op's forward+backward, from a jax.profiler trace.
+
+    python benchmarks/op_trace.py fpa --shape 4,4096,12,64 --fields walk [--out DIR]
+    python benchmarks/op_trace.py gdn --shape 4,4096,16,128
+
+op: fpa | fox | softmax (the "pallas" kernels) or gdn (gated_delta_rule, "pallas"); bf16 inputs,
+one jitted vjp with a random cotangent for every differentiable input. FPA's fields:
+    walk   the drifting walk of benchmarks/bench_fpa.py (phi, psi = walk + noise)
+    fox    FoX's fields, phi = psi = cumsum(log forget) (nothing rises)
+    flat   phi = psi = 0 (zero bias: no tile can be pruned)
+The call runs `--repeats` times under the profiler; every device event is summed by name and
+divided by the repeat count: ms per call, costliest first (Pallas kernels are named after their
+body function, XLA fusions after the fusion). Prints the table and the wall median; writes
+DIR/op_trace_<op>_<fields>_<shape>.json.
+"""
+
+import argparse
+import collections
+import functools
+import gzip
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+
+def attention_inputs(op, shape, fields, rng):
+    batch, length, heads, _ = shape
+    q, k, v = (jnp.asarray(rng.standard_normal(shape), jnp.bfloat16) for _ in range(3))
+    per_token = (batch, length, heads)
+    log_forget = -np.logaddexp(0.0, -(rng.standard_normal(per_token) + 4.0))
+    if op == "softmax":
+        return (q, k, v), {}
+    if op == "fox":
+        return (q, k, v, jnp.asarray(log_forget, jnp.float32)), {}
+    if fields == "walk":
+        walk = np.cumsum(0.3 * rng.standard_normal(per_token) - 0.05, axis=1)
+        phi = walk + 0.5 * rng.standard_normal(per_token)
+        psi = walk + 0.5 * rng.standard_normal(per_token)
+    elif fields == "fox":
+        phi = psi = np.cumsum(log_forget, axis=1)
+    elif fields == "flat":
+        phi = psi = np.zeros(per_token)
+    else:
+        raise SystemExit(f"error: --fields: expected walk, fox or flat, got {fields!r}")
+    beta = np.ones((heads,))
+    return tuple([q, k, v] + [jnp.asarray(a, jnp.float32) for a in (phi, psi, beta)]), {}
+
+
+def op_function(op):
+    from fpa_jax import fox_attention, fpa_attention, softmax_attention
+    from gdn_jax import gated_delta_rule
+    return {"fpa": functools.partial(fpa_attention, implementation="pallas"),
+            "fox": functools.partial(fox_attention, implementation="pallas"),
+            "softmax": functools.partial(softmax_attention, implementation="pallas"),
+            "gdn": lambda *a: gated_delta_rule(*a, implementation="pallas")}[op]
+
+
+def gdn_inputs(shape, rng):
+    batch, length, heads, dim = shape
+    q, k = (jax.nn.standardize(jnp.asarray(rng.standard_normal(shape), jnp.float32), axis=-1)
+            / np.sqrt(dim) for _ in range(2))
+    v = jnp.asarray(rng.standard_normal(shape), jnp.bfloat16)
+    g = jnp.asarray(-np.logaddexp(0.0, -(rng.standard_normal(shape[:3]) + 3.0)), jnp.float32)
+    beta = jnp.asarray(1.0 / (1.0 + np.exp(-rng.standard_normal(shape[:3]))), jnp.bfloat16)
+    return (q.astype(jnp.bfloat16), k.astype(jnp.bfloat16), v, g, beta), {}
+
+
+def device_times(trace_dir):
+    """{event name: total microseconds} over the device timelines of the newest trace."""
+    path = sorted(Path(trace_dir).rglob("*.trace.json.gz"), key=lambda p: p.stat().st_mtime)[-1]
+    with gzip.open(path) as handle:
+        events = json.load(handle).get("traceEvents", [])
+    processes = {e["pid"]: e["args"]["name"] for e in events
+                 if e.get("ph") == "M" and e.get("name") == "process_name"}
+    totals = collections.Counter()
+    for event in events:
+        if event.get("ph") == "X" and processes.get(event["pid"], "").startswith("/device:"):
+            totals[event["name"]] += float(event.get("dur", 0.0))
+    return totals
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("op", choices=("fpa", "fox", "softmax", "gdn"))
+    parser.add_argument("--shape", default="4,4096,12,64")
+    parser.add_argument("--fields", default="walk")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--top", type=int, default=20)
+    parser.add_argument("--out", default=os.environ.get("OUT", "."))
+    args = parser.parse_args()
+    shape = tuple(int(n) for n in args.shape.split(","))
+    rng = np.random.default_rng(0)
+    inputs, _ = gdn_inputs(shape, rng) if args.op == "gdn" else attention_inputs(
+        args.op, shape, args.fields, rng)
+    fn = op_function(args.op)
+    first = lambda *a: fn(*a)[0] if args.op == "gdn" else fn(*a)
+    out_shape = jax.eval_shape(first, *inputs)
+    cotangent = jnp.asarray(rng.standard_normal(out_shape.shape), out_shape.dtype)
+    grads = jax.jit(lambda *a: jax.vjp(first, *a)[1](cotangent))
+    forward = jax.jit(first)
+    jax.block_until_ready(grads(*inputs))
+    jax.block_until_ready(forward(*inputs))
+    wall = []
+    for _ in range(10):
+        started = time.perf_counter()
+        jax.block_until_ready(grads(*inputs))
+        wall.append(1e3 * (time.perf_counter() - started))
+    with tempfile.TemporaryDirectory() as trace_dir:
+        with jax.profiler.trace(trace_dir):
+            for _ in range(args.repeats):
+                jax.block_until_ready(grads(*inputs))
+        totals = device_times(trace_dir)
+    per_call = {name: us / args.repeats / 1e3 for name, us in totals.most_common()}
+    label = f"{args.op}_{args.fields if args.op == 'fpa' else ''}_{'x'.join(map(str, shape))}"
+    result = {"op": args.op, "fields": args.fields, "shape": shape,
+              "fwd_bwd_wall_ms": statistics.median(wall), "device_ms": per_call}
+    with open(os.path.join(args.out, f"op_trace_{label}.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    device_total = sum(per_call.values())
+    device_total = device_total or float("nan")
+    print(f"\n{label}: forward+backward wall median {statistics.median(wall):.3f} ms, device "
+          f"events {device_total:.3f} ms per call")
+    for name, ms in list(per_call.items())[:args.top]:
+        print(f"  {ms:8.3f} ms  {100 * ms / device_total:5.1f}%  {name[:100]}")
+
+
+if __name__ == "__main__":
+    main()
