@@ -146,6 +146,11 @@ def prepare(cfg, q, k, v, out, lse, dout, bias, segment_ids):
         block_min, block_mass = fields.block_min_mass(phi, n, cfg.tau)
         vectors["bmin"] = jnp.repeat(block_min, n, axis=-1)
         vectors["bmass"] = jnp.repeat(block_mass, n, axis=-1)
+        if cfg.separable:  # per-block bounds of the share paths (backward_kernels._share_path)
+            vectors["chi"] = _per_block(vectors["pre_min"], n, jnp.max)
+            vectors["alo"] = _per_block(vectors["suf_min"], n, jnp.min)
+            vectors["kap"] = _per_block(vectors["suf_min"] - vectors["psi"], n, jnp.min)
+            vectors["kpmax"] = _per_block(vectors["psi"], n, jnp.max)
         interleave = lambda a, m: [x for level in range(top)
                                    for x in (a[:, :, level], m[:, :, level])]
         rowd = _pack(interleave(pre_min, pre_mass), n)

@@ -44,6 +44,10 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 BIG = 1e30
 BLOCK = 64
+# Largest spread (in units of tau) of the field pieces inside one off-diagonal tile for which
+# the soft-min weights are taken relative to one tile minimum (no weight underflows to 0).
+SEPARABLE_SPREAD = 80.0
+TINY = 1e-37
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,6 +72,11 @@ class KernelConfig:
         return self.prune and self.mode != "none"
 
     @property
+    def separable(self):
+        """Off-diagonal FPA tiles may take the separable or no-dead-key share paths."""
+        return self.mode == "fpa" and not self.query_level
+
+    @property
     def diag_levels(self):
         return (self.block.bit_length() - 1) if self.mode == "fpa" else 0
 
@@ -78,7 +87,7 @@ class KernelConfig:
             names.append("row")
         elif self.mode == "fpa":
             names += ["pre_min", "pre_mass", "bmin", "bmass"]
-            names += ["psi"] if self.query_level else []
+            names += ["psi"] if self.query_level else ["chi"]
         if self.prunes:
             names += ["qn", "dmin"]
             if self.mode == "separable":
@@ -94,7 +103,7 @@ class KernelConfig:
             names.append("col")
         elif self.mode == "fpa":
             names += ["suf_min", "suf_mass", "bmin", "bmass"]
-            names += [] if self.query_level else ["psi"]
+            names += [] if self.query_level else ["psi", "alo", "kap", "kpmax"]
         if self.skips and self.segments:
             names.append("dend")
         if self.prunes:
@@ -162,6 +171,25 @@ def _skip_tile(cfg, rows, cols, gap_min, beta):
         bound = jnp.minimum(gap_min, rows.scalar("cmax")) - cols.scalar("kp")
         bound = beta * jnp.minimum(bound, 0.0)
     return bound + qn_kn < rows.scalar("dmin") - cfg.margin
+
+
+def _splat(scalar, n, layout):
+    return plgpu.layout_cast(jnp.full((n,), scalar, jnp.float32), layout)
+
+
+def _share_path(cfg, rows, cols, gap_scalar):
+    """Per off-diagonal FPA tile (level psi_s): (r, path). r = min(alo_j, G, clo_i) is the
+    lowest field value of any piece of the tile; path 0: no pair is dead, since
+    R_ts - psi_s >= min(kap_j, min(G, clo_i) - kpmax_j) >= 0 (no field gradient); path 1: every
+    R_ts <= min(G, chi_i) lies within SEPARABLE_SPREAD tau of r, so the soft-min weights
+    relative to r keep every dead pair's mass above e^-SPREAD (separable shares); path 2: the
+    exact per-pair shares."""
+    clo = rows.scalar("bmin")
+    r = jnp.minimum(jnp.minimum(cols.scalar("alo"), gap_scalar), clo)
+    spread = (jnp.minimum(gap_scalar, rows.scalar("chi")) - r) * (1.0 / cfg.tau)
+    floor = jnp.minimum(cols.scalar("kap"), jnp.minimum(gap_scalar, clo) - cols.scalar("kpmax"))
+    path = jnp.where(floor >= 0.0, 0, jnp.where(spread <= SEPARABLE_SPREAD, 1, 2))
+    return r, path
 
 
 def _matmul(a_smem, b_smem, shape):
@@ -317,6 +345,24 @@ class _Tile:
         return coef, dbeta, out, gap_share
 
 
+    def dead_coef(self, ds, mask, extra):
+        """(dead mask, coef = beta [dead] dS) [n, n]."""
+        dead = extra["dead"] if mask is None else extra["dead"] & mask
+        return dead, jnp.where(dead, self.beta * ds, 0.0)
+
+    def separable_base(self, coef, key_mass, query_mass):
+        """base_ts = coef_ts / (key_mass_s + query_mass_t) [n, n].
+
+        With every piece weighted relative to one tile minimum r, w_X = exp(-(X - r)/tau),
+        a pair's key share is coef w_A(s) / (sum over pieces mass_X w_X) = base_ts w_A(s), its
+        query share base_ts w_C(t) and its gap share base_ts w_G: the per-pair exponentials
+        become per-key and per-query vectors, applied after the tile's sums.
+        """
+        denom = (lax.broadcast_in_dim(key_mass, self.shape, [self.ka])
+                 + lax.broadcast_in_dim(query_mass, self.shape, [self.qa]))
+        return coef / jnp.maximum(denom, TINY)
+
+
 def _gap_update(gap_min, gap_mass, block_min, block_mass, tau):
     new_min = jnp.minimum(gap_min, block_min)
     new_mass = (gap_mass * _decay(gap_min - new_min, tau)
@@ -415,26 +461,59 @@ def dkv_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
                 if cfg.mode == "separable":
                     col_acc[0] = col_acc[0] - tile.sum_over_queries(ds)
                 elif fpa:
-                    coef, dbeta, shares, gap_share = tile.fpa_shares(ds, mask, extra, diagonal,
-                                                                     gap_min, gap_mass)
-                    at = 0
-                    if not cfg.query_level:
-                        col_acc[0] = col_acc[0] - tile.sum_over_queries(coef)
-                        at = 1
-                    col_acc[at] = col_acc[at] + tile.sum_over_queries(dbeta)
-                    first = at + 1 if diagonal else at + 1 + levels
-                    for offset, (to_key, _) in enumerate(shares):
-                        col_acc[first + offset] = (col_acc[first + offset]
-                                                   + tile.sum_over_queries(to_key))
-                    if gap_share is not None:
-                        per_key = tile.sum_over_queries(gap_share)
+                    col_acc = tuple(col_acc)
+
+                    def add_gap(per_key):
                         spread = lax.broadcast_in_dim(per_key, (n, n), [0])
                         lane = lax.rem(i, n)
                         hit = jnp.where(tile.t_local == lane, spread, 0.0).sum(axis=0)
                         chunk = gap_s.at[lax.div(i, n)]
                         chunk[...] = plgpu.load(chunk, layout=plgpu.Layout.WGMMA.reduce(0)) + hit
+
+                    def exact(col_acc):
+                        col_acc = list(col_acc)
+                        coef, dbeta, shares, gap_share = tile.fpa_shares(
+                            ds, mask, extra, diagonal, gap_min, gap_mass)
+                        at = 0
+                        if not cfg.query_level:
+                            col_acc[0] = col_acc[0] - tile.sum_over_queries(coef)
+                            at = 1
+                        col_acc[at] = col_acc[at] + tile.sum_over_queries(dbeta)
+                        first = at + 1 if diagonal else at + 1 + levels
+                        for offset, (to_key, _) in enumerate(shares):
+                            col_acc[first + offset] = (col_acc[first + offset]
+                                                       + tile.sum_over_queries(to_key))
+                        if gap_share is not None:
+                            add_gap(tile.sum_over_queries(gap_share))
+                        return tuple(col_acc)
+
+                    def separable(col_acc):
+                        col_acc = list(col_acc)
+                        dead, coef = tile.dead_coef(ds, mask, extra)
+                        dbeta = jnp.where(dead, extra["gap"] * ds, 0.0)
+                        w_key = _decay(cols.vec("suf_min") - r, cfg.tau)
+                        w_query = _decay(rows.vec("pre_min") - r, cfg.tau)
+                        w_gap = _decay(gap_min - r, cfg.tau)
+                        base = tile.separable_base(
+                            coef, cols.vec("suf_mass") * w_key,
+                            rows.vec("pre_mass") * w_query + gap_mass * w_gap)
+                        per_key = tile.sum_over_queries(base)
+                        col_acc[0] = col_acc[0] - tile.sum_over_queries(coef)
+                        col_acc[1] = col_acc[1] + tile.sum_over_queries(dbeta)
+                        col_acc[2 + levels] = col_acc[2 + levels] + w_key * per_key
+                        key_layout = plgpu.Layout.WGMMA.reduce(1)
+                        add_gap(per_key * _decay(_splat(gap_scalar, n, key_layout) - r, cfg.tau))
+                        return tuple(col_acc)
+
+                    if diagonal or not cfg.separable:
+                        col_acc = exact(col_acc)
+                    else:
+                        col_acc = lax.switch(path, (lambda c: c, separable, exact), col_acc)
                 return dk, dv, tuple(col_acc)
 
+            r = path = None
+            if cfg.separable and not diagonal:
+                r, path = _share_path(cfg, rows, cols, gap_scalar)
             if diagonal or not cfg.prunes:
                 state = compute(state)
             else:
@@ -443,8 +522,7 @@ def dkv_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
             if fpa and not diagonal:
                 gap_min, gap_mass = _gap_update(gap_min, gap_mass, rows.vec("bmin"),
                                                 rows.vec("bmass"), cfg.tau)
-                if cfg.prunes:
-                    gap_scalar = jnp.minimum(gap_scalar, rows.scalar("bmin"))
+                gap_scalar = jnp.minimum(gap_scalar, rows.scalar("bmin"))
             return state, gap_min, gap_mass, gap_scalar
 
         zeros_tile = _zeros((n, head_dim), plgpu.Layout.WGMMA)
@@ -454,7 +532,7 @@ def dkv_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
             gap_min = jnp.full((n,), BIG, jnp.float32)
             gap_min = plgpu.layout_cast(gap_min, plgpu.Layout.WGMMA.reduce(0))
             gap_mass = _zeros((n,), plgpu.Layout.WGMMA.reduce(0))
-            gap_scalar = jnp.float32(BIG) if cfg.prunes else None
+            gap_scalar = jnp.float32(BIG)
         carry = ((zeros_tile, zeros_tile, col_acc), gap_min, gap_mass, gap_scalar)
         carry = step(j, 0, carry, diagonal=True)
         carry = lax.fori_loop(j + 1, end,
@@ -577,22 +655,49 @@ def dq_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
                 if cfg.mode == "separable":
                     row_acc[0] = row_acc[0] + tile.sum_over_keys(ds)
                 elif fpa:
-                    coef, _, shares, _ = tile.fpa_shares(ds, mask, extra, diagonal, gap_min,
-                                                         gap_mass)
-                    dead = extra["dead"] if mask is None else extra["dead"] & mask
                     row_acc[-2] = row_acc[-2] + tile.sum_over_keys(ds)
-                    row_acc[-1] = row_acc[-1] + tile.sum_over_keys(
-                        jnp.where(dead, p * extra["gap"], 0.0))
-                    at = 0
-                    if cfg.query_level:
-                        row_acc[0] = row_acc[0] - tile.sum_over_keys(coef)
-                        at = 1
-                    first = at if diagonal else at + levels
-                    for offset, (_, to_query) in enumerate(shares):
-                        row_acc[first + offset] = (row_acc[first + offset]
-                                                   + tile.sum_over_keys(to_query))
+                    row_acc = tuple(row_acc)
+
+                    def exact(row_acc):
+                        row_acc = list(row_acc)
+                        coef, _, shares, _ = tile.fpa_shares(ds, mask, extra, diagonal, gap_min,
+                                                             gap_mass)
+                        dead = extra["dead"] if mask is None else extra["dead"] & mask
+                        row_acc[-1] = row_acc[-1] + tile.sum_over_keys(
+                            jnp.where(dead, p * extra["gap"], 0.0))
+                        at = 0
+                        if cfg.query_level:
+                            row_acc[0] = row_acc[0] - tile.sum_over_keys(coef)
+                            at = 1
+                        first = at if diagonal else at + levels
+                        for offset, (_, to_query) in enumerate(shares):
+                            row_acc[first + offset] = (row_acc[first + offset]
+                                                       + tile.sum_over_keys(to_query))
+                        return tuple(row_acc)
+
+                    def separable(row_acc):
+                        row_acc = list(row_acc)
+                        dead, coef = tile.dead_coef(ds, mask, extra)
+                        row_acc[-1] = row_acc[-1] + tile.sum_over_keys(
+                            jnp.where(dead, p * extra["gap"], 0.0))
+                        w_key = _decay(cols.vec("suf_min") - r, cfg.tau)
+                        w_query = _decay(rows.vec("pre_min") - r, cfg.tau)
+                        w_gap = _decay(gap_min - r, cfg.tau)
+                        base = tile.separable_base(
+                            coef, cols.vec("suf_mass") * w_key + gap_mass * w_gap,
+                            rows.vec("pre_mass") * w_query)
+                        row_acc[levels] = row_acc[levels] + w_query * tile.sum_over_keys(base)
+                        return tuple(row_acc)
+
+                    if diagonal or not cfg.separable:
+                        row_acc = exact(row_acc)
+                    else:
+                        row_acc = lax.switch(path, (lambda c: c, separable, exact), row_acc)
                 return dq, tuple(row_acc)
 
+            r = path = None
+            if cfg.separable and not diagonal:
+                r, path = _share_path(cfg, rows, cols, gap_scalar)
             if diagonal or not cfg.prunes:
                 state = compute(state)
             else:
@@ -601,8 +706,7 @@ def dq_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
             if fpa and not diagonal:
                 gap_min, gap_mass = _gap_update(gap_min, gap_mass, cols.vec("bmin"),
                                                 cols.vec("bmass"), cfg.tau)
-                if cfg.prunes:
-                    gap_scalar = jnp.minimum(gap_scalar, cols.scalar("bmin"))
+                gap_scalar = jnp.minimum(gap_scalar, cols.scalar("bmin"))
             return state, gap_min, gap_mass, gap_scalar
 
         zeros_tile = _zeros((n, head_dim), plgpu.Layout.WGMMA)
@@ -612,7 +716,7 @@ def dq_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
             gap_min = jnp.full((n,), BIG, jnp.float32)
             gap_min = plgpu.layout_cast(gap_min, plgpu.Layout.WGMMA.reduce(0))
             gap_mass = _zeros((n,), plgpu.Layout.WGMMA.reduce(0))
-            gap_scalar = jnp.float32(BIG) if cfg.prunes else None
+            gap_scalar = jnp.float32(BIG)
         carry = step(i, 0, ((zeros_tile, row_acc), gap_min, gap_mass, gap_scalar), diagonal=True)
 
         def off_diagonal(m, c):

@@ -232,3 +232,67 @@ def test_bad_inputs_name_the_argument():
     with pytest.raises(ValueError, match="SeparableBias.row"):
         attention_backward(q, q, q, q, lse, q, SeparableBias(jnp.zeros((1, 7, 1)),
                                                              jnp.zeros((1, 8, 1))), scale=1.0)
+
+
+def _fpa_case(seed, length, phi, psi, dim=64):
+    """Kernel gradients and the dense oracle's for fields phi, psi [1, length, 1]."""
+    q, k, v, dout = _qkv(seed, (1, length, 1, dim))
+    beta = jnp.array([0.7])
+    scale = dim ** -0.5
+    fn = lambda *a: fpa_attention_reference(*a, scale=scale)
+    out, vjp = jax.vjp(fn, q, k, v, phi, psi, beta)
+    logits = fpa_bias(phi, psi, beta) + scale * jnp.einsum("bthd,bshd->bhts", q, k)
+    dq, dk, dv, (dphi, dpsi, dbeta) = _run_kernel(q, k, v, out, _lse(logits), dout,
+                                                  FPABias(phi, psi, beta), scale, None)
+    return (dq, dk, dv, dphi, dpsi, dbeta), vjp(dout)
+
+
+def _assert_fpa_close(got, want):
+    for name, g, w in zip(("dq", "dk", "dv", "dphi", "dpsi", "dbeta"), got, want):
+        _close(g, w, 1e-4, name)
+
+
+@pytest.mark.parametrize("forced", [1, 2])
+def test_fpa_separable_and_exact_shares_match_the_oracle(forced, monkeypatch):
+    """Off-diagonal tiles (gaps included, T = 200: four blocks, ragged) with a small walk, so
+    every tile meets the separable path's spread bound: forcing the separable path (1) or the
+    exact per-pair path (2) on every tile with a dead pair must both give the oracle's
+    gradients."""
+    from kernels_pallas.attention import backward_kernels as kernels
+    real = kernels._share_path
+
+    def forced_path(*args):
+        r, path = real(*args)
+        return r, jnp.where(path == 0, 0, forced)
+
+    monkeypatch.setattr(kernels, "_share_path", forced_path)
+    seed = case_seed(700 + forced)
+    keys = jax.random.split(jax.random.PRNGKey(seed), 2)
+    walk = jnp.cumsum(0.4 * jax.random.normal(keys[0], (1, 200, 1)) - 0.05, axis=1)
+    psi = walk + jax.random.normal(keys[1], walk.shape)
+    _assert_fpa_close(*_fpa_case(seed, 200, walk, psi))
+
+
+def test_fpa_tile_paths_chosen_per_tile_match_the_oracle():
+    """The paths as chosen: a flat stretch (no dead key: field work skipped), a small walk
+    (separable) and a cliff of 300 nats inside the row (spread too wide: exact) in one row."""
+    seed = case_seed(710)
+    keys = jax.random.split(jax.random.PRNGKey(seed), 2)
+    steps = jnp.concatenate([jnp.zeros((1, 70, 1)),
+                             0.3 * jax.random.normal(keys[0], (1, 80, 1)),
+                             jnp.full((1, 1, 1), -300.0),
+                             0.3 * jax.random.normal(keys[1], (1, 49, 1))], axis=1)
+    phi = jnp.cumsum(steps, axis=1)
+    psi = phi + jnp.where(jnp.arange(200)[None, :, None] < 70, 0.0, 0.5)
+    _assert_fpa_close(*_fpa_case(seed, 200, phi, psi))
+
+
+def test_fpa_flat_fields_take_no_field_work():
+    """phi = psi = 0: no key is ever dead, every off-diagonal tile skips the field work; the
+    gradients are plain softmax attention's (dphi = dpsi = dbeta = 0)."""
+    seed = case_seed(720)
+    zeros = jnp.zeros((1, 140, 1))
+    got, want = _fpa_case(seed, 140, zeros, zeros)
+    _assert_fpa_close(got, want)
+    for name, g in zip(("dphi", "dpsi", "dbeta"), got[3:]):
+        assert np.all(np.asarray(g) == 0.0), name
