@@ -5,8 +5,8 @@
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 nvidia-smi --query-gpu=name,memory.total --format=csv
-trace() { timeout 120 python3 benchmarks/op_trace.py "$@" --top 6 --out $OUT/traces 2>&1 | grep -v Warning | tail -8; }
-mkdir -p $OUT/traces
+trace() { timeout 120 python3 benchmarks/op_trace.py "$@" --top 6 --out /tmp/traces 2>&1 | grep -v Warning | tail -8; }
+mkdir -p /tmp/traces
 {
 for shape in 4,4096,12,64 1,16384,12,64 8,2048,16,128; do
   for fields in walk flat fox; do trace fpa --shape $shape --fields $fields; done
@@ -15,3 +15,4 @@ for shape in 4,4096,12,64 1,16384,12,64 8,2048,16,128; do
 done
 } 2>&1 | tee $OUT/op_traces.txt
 timeout 300 python3 benchmarks/compile_profile.py fpa_125m softmax_rope_125m fox_125m --layers 2 --cprofile fpa_125m --out $OUT 2>&1 | grep -v Warning | tail -8
+tar czf $OUT/op_traces_json.tgz -C /tmp traces
