@@ -25,6 +25,11 @@ Pruning (prune=True, the default): the forward skips off-diagonal tiles whose we
 e^-(10 + log T) of the row (forward.py) and the backward skips the same tiles (the same test on
 the same per-block scalars), plus, with segment_ids, tiles that lie in no common document.
 prune=False computes every causal tile in both.
+
+Each kernel call goes through one `jax.jit` per static configuration (`_program`): the layers
+of a model that call the kernels with equal shapes then share one traced program, which JAX
+lowers once per compiled step (Mosaic GPU's layout inference takes seconds per kernel, so a
+12-layer model otherwise lowers 36 copies of the same kernels).
 """
 
 import functools
@@ -40,6 +45,18 @@ from kernels_pallas.interpret import interpret_active
 from kernels_pallas.registry import is_hopper
 
 SUPPORTED_HEAD_DIMS = (64, 128)
+
+
+def _program(fn, static):
+    """jax.jit(fn) with the hashable `static` bound as its last argument (one per GPU
+    interpret mode, which decides how the kernels are traced)."""
+    return _jitted(fn, static, interpret_active())
+
+
+@functools.lru_cache(maxsize=None)
+def _jitted(fn, static, interpreted):
+    del interpreted  # part of the cache key only
+    return jax.jit(lambda *arrays: fn(*arrays, static))
 
 
 def _segment_cotangent(segment_ids):
@@ -59,18 +76,25 @@ def _fpa_bias(phi, psi, beta, static):
     return FPABias(phi, psi, beta, tau=tau, query_level=query_level, content=content)
 
 
-def _fpa_fwd(q, k, v, phi, psi, beta, segment_ids, static):
+def _fpa_forward(q, k, v, phi, psi, beta, segment_ids, static):
     scale, *_, prune = static
-    out, lse, out32 = attention_forward(q, k, v, _fpa_bias(phi, psi, beta, static), scale=scale,
-                                        segment_ids=segment_ids, prune=prune, float32_out=True)
+    return attention_forward(q, k, v, _fpa_bias(phi, psi, beta, static), scale=scale,
+                             segment_ids=segment_ids, prune=prune, float32_out=True)
+
+
+def _fpa_backward(q, k, v, phi, psi, beta, segment_ids, out, lse, dout, static):
+    return attention_backward(q, k, v, out, lse, dout, _fpa_bias(phi, psi, beta, static),
+                              scale=static[0], segment_ids=segment_ids, prune=static[-1])
+
+
+def _fpa_fwd(q, k, v, phi, psi, beta, segment_ids, static):
+    out, lse, out32 = _program(_fpa_forward, static)(q, k, v, phi, psi, beta, segment_ids)
     return out, (q, k, v, phi, psi, beta, segment_ids, out32, lse)
 
 
 def _fpa_bwd(static, residuals, dout):
+    dq, dk, dv, (dphi, dpsi, dbeta) = _program(_fpa_backward, static)(*residuals, dout)
     q, k, v, phi, psi, beta, segment_ids, out, lse = residuals
-    dq, dk, dv, (dphi, dpsi, dbeta) = attention_backward(
-        q, k, v, out, lse, dout, _fpa_bias(phi, psi, beta, static), scale=static[0],
-        segment_ids=segment_ids, prune=static[-1])
     return (dq, dk, dv, dphi.astype(phi.dtype), dpsi.astype(psi.dtype), dbeta,
             _segment_cotangent(segment_ids))
 
@@ -94,17 +118,26 @@ def _separable(q, k, v, row, col, segment_ids, scale, prune):
     return _separable_fwd(q, k, v, row, col, segment_ids, scale, prune)[0]
 
 
+def _separable_forward(q, k, v, row, col, segment_ids, static):
+    scale, prune = static
+    return attention_forward(q, k, v, SeparableBias(row, col), scale=scale,
+                             segment_ids=segment_ids, prune=prune, float32_out=True)
+
+
+def _separable_backward(q, k, v, row, col, segment_ids, out, lse, dout, static):
+    scale, prune = static
+    return attention_backward(q, k, v, out, lse, dout, SeparableBias(row, col), scale=scale,
+                              segment_ids=segment_ids, prune=prune)
+
+
 def _separable_fwd(q, k, v, row, col, segment_ids, scale, prune):
-    out, lse, out32 = attention_forward(q, k, v, SeparableBias(row, col), scale=scale,
-                                        segment_ids=segment_ids, prune=prune, float32_out=True)
+    out, lse, out32 = _program(_separable_forward, (scale, prune))(q, k, v, row, col, segment_ids)
     return out, (q, k, v, row, col, segment_ids, out32, lse)
 
 
 def _separable_bwd(scale, prune, residuals, dout):
-    q, k, v, row, col, segment_ids, out, lse = residuals
-    dq, dk, dv, (drow, dcol) = attention_backward(
-        q, k, v, out, lse, dout, SeparableBias(row, col), scale=scale, segment_ids=segment_ids,
-        prune=prune)
+    dq, dk, dv, (drow, dcol) = _program(_separable_backward, (scale, prune))(*residuals, dout)
+    segment_ids = residuals[5]
     return dq, dk, dv, drow, dcol, _segment_cotangent(segment_ids)
 
 
@@ -116,16 +149,27 @@ def _plain(q, k, v, segment_ids, scale, prune):
     return _plain_fwd(q, k, v, segment_ids, scale, prune)[0]
 
 
+def _plain_forward(q, k, v, segment_ids, static):
+    scale, prune = static
+    return attention_forward(q, k, v, NoBias(), scale=scale, segment_ids=segment_ids,
+                             prune=prune)
+
+
+def _plain_backward(q, k, v, segment_ids, out, lse, dout, static):
+    scale, prune = static
+    dq, dk, dv, _ = attention_backward(q, k, v, out, lse, dout, NoBias(), scale=scale,
+                                       segment_ids=segment_ids, prune=prune)
+    return dq, dk, dv
+
+
 def _plain_fwd(q, k, v, segment_ids, scale, prune):
-    out, lse = attention_forward(q, k, v, NoBias(), scale=scale, segment_ids=segment_ids,
-                                 prune=prune)
+    out, lse = _program(_plain_forward, (scale, prune))(q, k, v, segment_ids)
     return out, (q, k, v, segment_ids, out, lse)
 
 
 def _plain_bwd(scale, prune, residuals, dout):
-    q, k, v, segment_ids, out, lse = residuals
-    dq, dk, dv, _ = attention_backward(q, k, v, out, lse, dout, NoBias(), scale=scale,
-                                       segment_ids=segment_ids, prune=prune)
+    dq, dk, dv = _program(_plain_backward, (scale, prune))(*residuals, dout)
+    segment_ids = residuals[3]
     return dq, dk, dv, _segment_cotangent(segment_ids)
 
 
