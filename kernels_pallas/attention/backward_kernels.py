@@ -567,6 +567,7 @@ def dkv_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
         plgpu.SMEM((chunks, n), jnp.float32) if fpa else None,
         plgpu.Barrier(num_barriers=12),
     ]
+    body.__name__ = f"attention_dkv_{cfg.mode}"  # the kernel's name in profiles
     return plgpu.kernel(
         body, out_type=tuple(out_types), scratch_types=scratch,
         grid=(heads, nb, batch), grid_names=("h", "kb", "b"),
@@ -748,6 +749,7 @@ def dq_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
         plgpu.SMEM((max(len(out_names), 1), n), jnp.float32),
         plgpu.Barrier(num_barriers=12),
     ]
+    body.__name__ = f"attention_dq_{cfg.mode}"  # the kernel's name in profiles
     return plgpu.kernel(
         body, out_type=tuple(out_types), scratch_types=scratch,
         grid=(heads, nb, batch), grid_names=("h", "qb", "b"),

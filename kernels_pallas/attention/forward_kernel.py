@@ -351,6 +351,7 @@ def forward_kernel(cfg: ForwardConfig, q, k, v, rowp, colp):
         _smem_tile((n, head_dim), jnp.float32) if cfg.float32_out else None,
         plgpu.Barrier(num_barriers=9),
     ]
+    body.__name__ = f"attention_forward_{cfg.mode}"  # the kernel's name in profiles
     return plgpu.kernel(
         body, out_type=tuple(out_types), scratch_types=scratch,
         grid=(heads, nb, batch), grid_names=("h", "qb", "b"),

@@ -82,11 +82,19 @@ def _folding_batch_axes(kernel, in_axes, out_axes):
 @functools.cache
 def _kernels(tiling):
     """(forward, backward) state kernels for one tiling, batchable by vmap."""
+    return _state_kernels(tiling, interpret_active())
+
+
+@functools.cache
+def _state_kernels(tiling, interpreted):
+    """Each kernel behind one jax.jit (per tiling and interpret mode): the layers of a model
+    share one traced program, which JAX lowers once per compiled step."""
+    del interpreted  # part of the cache key only
     forward = _folding_batch_axes(
-        functools.partial(state_kernels.forward_states, tiling=tiling),
+        jax.jit(functools.partial(state_kernels.forward_states, tiling=tiling)),
         in_axes=(1, 1, 1, 0, 0), out_axes=(1, 0))
     backward = _folding_batch_axes(
-        functools.partial(state_kernels.backward_states, tiling=tiling),
+        jax.jit(functools.partial(state_kernels.backward_states, tiling=tiling)),
         in_axes=(1, 1, 1, 0, 0), out_axes=(1, 1, 0))
     return forward, backward
 
@@ -117,11 +125,16 @@ def _state_recurrence_bwd(tiling, residuals, cotangents):
 state_recurrence.defvjp(_state_recurrence_fwd, _state_recurrence_bwd)
 
 
-@functools.cache
 def _wy_kernel(scale, with_inverse):
     """The WY preparation kernel, batchable by vmap (B is axis 0 of its inputs, 1 of outputs)."""
+    return _jitted_wy_kernel(scale, with_inverse, interpret_active())
+
+
+@functools.cache
+def _jitted_wy_kernel(scale, with_inverse, interpreted):
+    del interpreted  # part of the cache key only
     return _folding_batch_axes(
-        functools.partial(wy_kernel.prepare, scale=scale, with_inverse=with_inverse),
+        jax.jit(functools.partial(wy_kernel.prepare, scale=scale, with_inverse=with_inverse)),
         in_axes=(0, 0, 0, 0), out_axes=(1,) * (5 if with_inverse else 4))
 
 

@@ -173,6 +173,7 @@ def forward_states(kw, w, u, rho, s0, *, tiling: Tiling, interpret=None):
         plgpu.Barrier(num_arrivals=3, num_barriers=2),
         plgpu.Barrier(num_arrivals=2, num_barriers=1),
     )
+    kernel.__name__ = "delta_rule_forward_states"  # the kernel's name in profiles
     return plgpu.kernel(
         kernel, out_type=out_type, scratch_types=scratch,
         grid=(tiling.num_value_tiles, num_v_heads, batch), grid_names=("vt", "hv", "b"),
@@ -251,6 +252,7 @@ def backward_states(kw, w, d_states, rho, d_final, *, tiling: Tiling, interpret=
         plgpu.Barrier(num_arrivals=3, num_barriers=2),
         plgpu.Barrier(num_arrivals=2, num_barriers=1),
     )
+    kernel.__name__ = "delta_rule_backward_states"  # the kernel's name in profiles
     return plgpu.kernel(
         kernel, out_type=out_type, scratch_types=scratch,
         grid=(tiling.num_value_tiles, num_v_heads, batch), grid_names=("vt", "hv", "b"),

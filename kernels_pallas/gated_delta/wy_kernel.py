@@ -146,6 +146,7 @@ def prepare(q, k, v, rows, *, scale, with_inverse=False, interpret=None):
         out_type.append(jax.ShapeDtypeStruct((*chunk_major, c), jnp.float32))
         scratch.append(swizzled_smem(shape, jnp.float32))
     scratch.append(plgpu.Barrier(num_arrivals=4))
+    kernel.__name__ = "delta_rule_wy_prepare"  # the kernel's name in profiles
     return plgpu.kernel(
         kernel, out_type=tuple(out_type), scratch_types=tuple(scratch),
         grid=(num_chunks, num_v_heads, batch), grid_names=("c", "hv", "b"),

@@ -3,30 +3,44 @@
 Each kernel's Mosaic GPU lowering takes seconds (layout inference), so a model whose layers
 each lowered their own copy compiled for minutes (kernels_pallas/attention/vjp.py `_program`).
 Lowered for a Hopper GPU on the CPU: the number of kernel custom calls in a differentiated
-stack of FPA layers does not grow with its depth.
+stack of FPA layers, or of gated delta rule layers, does not grow with its depth.
 """
 
 import jax
 import jax.numpy as jnp
+import pytest
 
 from kernels_pallas.attention.vjp import fpa_pallas
+from kernels_pallas.gated_delta.chunked import chunked_forward_pallas
 
 
-def _kernel_calls(layers):
+def _fpa_layer(x):
+    phi = jnp.zeros(x.shape[:3], jnp.float32)
+    beta = jnp.ones(x.shape[2:3], jnp.float32)
+    return fpa_pallas(x, x, x, phi, phi, beta, None, scale=0.125)
+
+
+def _gdn_layer(x):
+    gates = jnp.full(x.shape[:3], -0.1, jnp.float32)
+    out, _ = chunked_forward_pallas(x, x, x, gates, jnp.full(x.shape[:3], 0.5, x.dtype),
+                                    scale=0.125, initial_state=None, segment_ids=None)
+    return out
+
+
+def _kernel_calls(layer, layers):
     q = jnp.zeros((1, 70, 2, 64), jnp.bfloat16)
-    phi = jnp.zeros((1, 70, 2), jnp.float32)
-    beta = jnp.ones((2,), jnp.float32)
 
     def stack(x):
         for _ in range(layers):
-            x = fpa_pallas(x, x, x, phi, phi, beta, None, scale=0.125).astype(x.dtype)
+            x = layer(x).astype(x.dtype)
         return jnp.sum(x.astype(jnp.float32))
 
     lowered = jax.jit(jax.grad(stack)).trace(q).lower(lowering_platforms=("cuda",))
     return lowered.as_text().count("stablehlo.custom_call @mosaic_gpu")
 
 
-def test_kernel_calls_do_not_grow_with_depth():
-    two, five = _kernel_calls(2), _kernel_calls(5)
-    assert two >= 3  # forward, dk/dv and dq kernels are there
+@pytest.mark.parametrize("layer", [_fpa_layer, _gdn_layer], ids=["fpa", "gdn"])
+def test_kernel_calls_do_not_grow_with_depth(layer):
+    two, five = _kernel_calls(layer, 2), _kernel_calls(layer, 5)
+    assert two >= 3  # forward and backward kernels are there
     assert five == two, f"{two} kernel calls for 2 layers, {five} for 5"
