@@ -23,6 +23,13 @@ valid: s <= t and doc(s) == doc(t). Bias modes (static):
                   share = coef / mass,
                   mass = sum over pieces of mass_piece exp(-(min_piece - R)/tau)
 
+FPA's field terms take one of three paths per off-diagonal tile (level psi_s; `_share_path`,
+from per-block bounds): no dead pair (nothing to add), separable (the pieces' weights relative
+to one tile minimum r: exponentials per key and per query, one division per pair) or
+row-referenced (weights relative to m_t = min(G, C_t) and one exponential of -|m_t - A_s| per
+pair; exact for any spread). Diagonal tiles and query levels take the exact per-level shares.
+The gap's minimum and soft-min mass are scalars carried along the sweep.
+
 Two kernels, no atomics: `dkv` runs one program per key block j over query blocks i >= j
 (dk, dv, column sums, and the per-tile gap totals), `dq` one per query block i over key blocks
 j <= i (dq, row sums). Each recomputes the tile; the next query/key block's tiles are prefetched
@@ -35,6 +42,7 @@ Per-block vectors travel packed: [B, H, nb, rows, n] float32, one TMA per block.
 """
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -173,21 +181,17 @@ def _skip_tile(cfg, rows, cols, gap_min, beta):
     return bound + qn_kn < rows.scalar("dmin") - cfg.margin
 
 
-def _splat(scalar, n, layout):
-    return plgpu.layout_cast(jnp.full((n,), scalar, jnp.float32), layout)
-
-
-def _share_path(cfg, rows, cols, gap_scalar):
-    """Per off-diagonal FPA tile (level psi_s): (r, path). r = min(alo_j, G, clo_i) is the
-    lowest field value of any piece of the tile; path 0: no pair is dead, since
-    R_ts - psi_s >= min(kap_j, min(G, clo_i) - kpmax_j) >= 0 (no field gradient); path 1: every
-    R_ts <= min(G, chi_i) lies within SEPARABLE_SPREAD tau of r, so the soft-min weights
-    relative to r keep every dead pair's mass above e^-SPREAD (separable shares); path 2: the
-    exact per-pair shares."""
+def _share_path(cfg, rows, cols, gap_min):
+    """Per off-diagonal FPA tile (level psi_s, gap minimum G): (r, path). r = min(alo_j, G,
+    clo_i) is the lowest field value of any piece of the tile. path 0: no pair is dead, since
+    R_ts - psi_s >= min(kap_j, min(G, clo_i) - kpmax_j) >= 0 (no field gradient); path 1:
+    every R_ts <= min(G, chi_i) lies within SEPARABLE_SPREAD tau of r, so the soft-min weights
+    relative to r keep every dead pair's mass above e^-SPREAD (separable shares: no
+    exponential per pair); path 2: the row-referenced shares (one exponential per pair)."""
     clo = rows.scalar("bmin")
-    r = jnp.minimum(jnp.minimum(cols.scalar("alo"), gap_scalar), clo)
-    spread = (jnp.minimum(gap_scalar, rows.scalar("chi")) - r) * (1.0 / cfg.tau)
-    floor = jnp.minimum(cols.scalar("kap"), jnp.minimum(gap_scalar, clo) - cols.scalar("kpmax"))
+    r = jnp.minimum(jnp.minimum(cols.scalar("alo"), gap_min), clo)
+    spread = (jnp.minimum(gap_min, rows.scalar("chi")) - r) * (1.0 / cfg.tau)
+    floor = jnp.minimum(cols.scalar("kap"), jnp.minimum(gap_min, clo) - cols.scalar("kpmax"))
     path = jnp.where(floor >= 0.0, 0, jnp.where(spread <= SEPARABLE_SPREAD, 1, 2))
     return r, path
 
@@ -262,26 +266,17 @@ class _Tile:
             masks.append(same_pair & split & later)
         return masks
 
-    def fpa_pieces(self, diagonal, diag_rows, diag_cols, gap_min):
-        """Range minimum R [n, n] and the soft-min pieces of the tile, each
-        (level mask or None, suffix min, suffix mass, prefix min, prefix mass) broadcast [n, n].
-        The gap piece (off-diagonal tiles) is the running (gap_min, gap_mass) pair."""
-        if diagonal:
-            pieces = []
-            range_min = jnp.full(self.shape, BIG, jnp.float32)
-            for level, mask in enumerate(self.level_masks()):
-                suf = diag_cols.full("suf", self.shape, row=2 * level)
-                suf_mass = diag_cols.full("suf", self.shape, row=2 * level + 1)
-                pre = diag_rows.full("pre", self.shape, row=2 * level)
-                pre_mass = diag_rows.full("pre", self.shape, row=2 * level + 1)
-                range_min = jnp.where(mask, jnp.minimum(suf, pre), range_min)
-                pieces.append((mask, suf, suf_mass, pre, pre_mass))
-            return range_min, pieces
-        suf, suf_mass = self.col("suf_min"), self.col("suf_mass")
-        pre, pre_mass = self.row("pre_min"), self.row("pre_mass")
-        gap = lax.broadcast_in_dim(gap_min, self.shape, [1])
-        range_min = jnp.minimum(jnp.minimum(suf, gap), pre)
-        return range_min, [(None, suf, suf_mass, pre, pre_mass)]
+    def fpa_range_min(self, diagonal, diag_rows, diag_cols, gap_min):
+        """Range minimum R [n, n]: min(A_s, G, C_t) off the diagonal (gap_min = G, a scalar),
+        per dyadic level min(suf_min[L, s], pre_min[L, t]) on it."""
+        if not diagonal:
+            return jnp.minimum(jnp.minimum(self.col("suf_min"), gap_min), self.row("pre_min"))
+        range_min = jnp.full(self.shape, BIG, jnp.float32)
+        for level, mask in enumerate(self.level_masks()):
+            suf = diag_cols.full("suf", self.shape, row=2 * level)
+            pre = diag_rows.full("pre", self.shape, row=2 * level)
+            range_min = jnp.where(mask, jnp.minimum(suf, pre), range_min)
+        return range_min
 
     def logits_and_bias(self, scores, diagonal, diag_rows=None, diag_cols=None, gap_min=None):
         """Logits [n, n] (before masking) and, for FPA, what the gradient pass needs."""
@@ -292,14 +287,14 @@ class _Tile:
         elif cfg.mode == "separable":
             bias = self.row("row") - self.col("col")
         else:
-            range_min, pieces = self.fpa_pieces(diagonal, diag_rows, diag_cols, gap_min)
+            range_min = self.fpa_range_min(diagonal, diag_rows, diag_cols, gap_min)
             level = self.row("psi") if cfg.query_level else self.col("psi")
             gap = range_min - level
             dead = gap < 0.0
             if diagonal:
                 dead = dead & (self.s_local < self.t_local)
             bias = self.beta * jnp.where(dead, gap, 0.0)
-            extra = dict(range_min=range_min, pieces=pieces, gap=gap, dead=dead)
+            extra = dict(range_min=range_min, gap=gap, dead=dead)
         if scores is None:
             logits = bias
         else:
@@ -310,45 +305,60 @@ class _Tile:
         p = jnp.exp(logits - self.row("lse"))
         return p if mask is None else jnp.where(mask, p, 0.0)
 
-    def fpa_shares(self, ds, mask, extra, diagonal, gap_min, gap_mass):
-        """(coef, dbeta terms, [(key-side, query-side share) per piece], gap share), [n, n] each.
+    def dead_coef(self, ds, mask, extra):
+        """(dead mask, coef = beta [dead] dS, dbeta terms [dead] (R - level) dS) [n, n]."""
+        dead = extra["dead"] if mask is None else extra["dead"] & mask
+        return (dead, jnp.where(dead, self.beta * ds, 0.0),
+                jnp.where(dead, extra["gap"] * ds, 0.0))
 
-        coef = beta [dead] dS; a piece's share is coef / mass times the piece's own weight
-        exp(-(piece min - R)/tau), mass = sum over the pieces of
-        mass_piece exp(-(min_piece - R)/tau).
+    def exact_shares(self, coef, extra, diagonal, side, diag_rows, diag_cols, gap_min, gap_mass):
+        """Per-pair soft-min shares, summed at once: ([one vector per piece], gap vector).
+
+        A piece's share of a pair is coef / mass times the piece's own weight
+        exp(-(piece min - R)/tau), mass = sum over the pieces of mass_piece exp(-(min - R)/tau).
+        side "key": the key-side shares summed over queries (and the gap shares, off the
+        diagonal); side "query": the query-side shares summed over keys. Diagonal tiles have
+        one piece pair per dyadic level, loaded when used.
         """
         tau = self.cfg.tau
-        dead = extra["dead"] if mask is None else extra["dead"] & mask
-        coef = jnp.where(dead, self.beta * ds, 0.0)
-        dbeta = jnp.where(dead, extra["gap"] * ds, 0.0)
         range_min = extra["range_min"]
-        out = []
-        gap_share = None
+        reduce = self.sum_over_queries if side == "key" else self.sum_over_keys
         if diagonal:
-            for level_mask, suf, suf_mass, pre, pre_mass in extra["pieces"]:
-                to_key = _decay(suf - range_min, tau)
-                to_query = _decay(pre - range_min, tau)
-                mass = suf_mass * to_key + pre_mass * to_query
+            sums = []
+            for level, level_mask in enumerate(self.level_masks()):
+                to_key = _decay(diag_cols.full("suf", self.shape, row=2 * level) - range_min, tau)
+                to_query = _decay(diag_rows.full("pre", self.shape, row=2 * level) - range_min,
+                                  tau)
+                mass = (diag_cols.full("suf", self.shape, row=2 * level + 1) * to_key
+                        + diag_rows.full("pre", self.shape, row=2 * level + 1) * to_query)
                 share = jnp.where(level_mask, coef / jnp.maximum(mass, 1.0), 0.0)
-                out.append((share * to_key, share * to_query))
-        else:
-            _, suf, suf_mass, pre, pre_mass = extra["pieces"][0]
-            to_key = _decay(suf - range_min, tau)
-            to_query = _decay(pre - range_min, tau)
-            gap = lax.broadcast_in_dim(gap_min, self.shape, [1])
-            to_gap = _decay(gap - range_min, tau)
-            mass = (suf_mass * to_key + pre_mass * to_query
-                    + lax.broadcast_in_dim(gap_mass, self.shape, [1]) * to_gap)
-            share = coef / jnp.maximum(mass, 1.0)
-            out.append((share * to_key, share * to_query))
-            gap_share = share * to_gap
-        return coef, dbeta, out, gap_share
+                sums.append(reduce(share * (to_key if side == "key" else to_query)))
+            return sums, None
+        to_key = _decay(self.col("suf_min") - range_min, tau)
+        to_query = _decay(self.row("pre_min") - range_min, tau)
+        to_gap = _decay(gap_min - range_min, tau)
+        mass = (self.col("suf_mass") * to_key + self.row("pre_mass") * to_query
+                + gap_mass * to_gap)
+        share = coef / jnp.maximum(mass, 1.0)
+        if side == "query":
+            return [reduce(share * to_query)], None
+        return [reduce(share * to_key)], reduce(share * to_gap)
 
-
-    def dead_coef(self, ds, mask, extra):
-        """(dead mask, coef = beta [dead] dS) [n, n]."""
-        dead = extra["dead"] if mask is None else extra["dead"] & mask
-        return dead, jnp.where(dead, self.beta * ds, 0.0)
+    def row_referenced(self, coef, query_min, query_mass):
+        """(key weight, query factor, base) [n, n] of an off-diagonal tile, exact for any
+        spread. With m_t = min(G, C_t), R = min(A_s, m_t) and y = exp(-|m_t - A_s|/tau): the
+        key weight exp(-(A_s - R)/tau) is 1 if A_s < m_t, else y; the query and gap pieces
+        weigh their per-query weights relative to m_t times the query factor (y if A_s < m_t,
+        else 1); base = coef / mass. query_mass [n]: pre_mass w_C + gap_mass w_G relative to
+        m_t."""
+        diff = lax.broadcast_in_dim(query_min, self.shape, [self.qa]) - self.col("suf_min")
+        y = jnp.exp(jnp.abs(diff) * (-1.0 / self.cfg.tau))
+        key_first = diff > 0.0
+        key_weight = jnp.where(key_first, 1.0, y)
+        query_factor = jnp.where(key_first, y, 1.0)
+        mass = (self.col("suf_mass") * key_weight
+                + lax.broadcast_in_dim(query_mass, self.shape, [self.qa]) * query_factor)
+        return key_weight, query_factor, coef / jnp.maximum(mass, 1.0)
 
     def separable_base(self, coef, key_mass, query_mass):
         """base_ts = coef_ts / (key_mass_s + query_mass_t) [n, n].
@@ -364,10 +374,84 @@ class _Tile:
 
 
 def _gap_update(gap_min, gap_mass, block_min, block_mass, tau):
+    """Scalars: the gap's minimum and its soft-min mass relative to it, one block more."""
     new_min = jnp.minimum(gap_min, block_min)
-    new_mass = (gap_mass * _decay(gap_min - new_min, tau)
-                + block_mass * _decay(block_min - new_min, tau))
+    new_mass = (gap_mass * jnp.exp((gap_min - new_min) * (-1.0 / tau))
+                + block_mass * jnp.exp((block_min - new_min) * (-1.0 / tau)))
     return new_min, new_mass
+
+
+def _add_gap_total(gap_s, i, n, total):
+    """Add the scalar gap total of tile (query block i, this key block) at lane i mod n of
+    chunk i // n of the program's gap vector."""
+    lanes = plgpu.broadcasted_iota(jnp.int32, (n,), 0, layout=plgpu.Layout.WGMMA.reduce(0))
+    chunk = gap_s.at[lax.div(i, n)]
+    chunk[...] = (plgpu.load(chunk, layout=plgpu.Layout.WGMMA.reduce(0))
+                  + jnp.where(lanes == lax.rem(i, n), total, 0.0))
+
+
+def _dkv_field_terms(cfg, tile, ds, mask, extra, diagonal, path, r, diag, gap, col_acc,
+                     add_gap):
+    """FPA's key-side sums of one tile into col_acc = (dpsi?, dbeta, share per level):
+    path 0 / 1 / 2 of `_share_path` off the diagonal (none, separable, row-referenced),
+    the exact per-level shares on it and with query levels. add_gap(total) takes the tile's
+    gap share."""
+    levels, tau = cfg.diag_levels, cfg.tau
+    rows, cols = tile.rows, tile.cols
+    gap_min, gap_mass = gap
+    block_share = (1 if cfg.query_level else 2) + levels
+
+    def common(col_acc, coef, dbeta):
+        col_acc = list(col_acc)
+        at = 0
+        if not cfg.query_level:
+            col_acc[0] = col_acc[0] - tile.sum_over_queries(coef)
+            at = 1
+        col_acc[at] = col_acc[at] + tile.sum_over_queries(dbeta)
+        return col_acc
+
+    def exact(col_acc):
+        _, coef, dbeta = tile.dead_coef(ds, mask, extra)
+        col_acc = common(col_acc, coef, dbeta)
+        sums, gap_sum = tile.exact_shares(coef, extra, diagonal, "key", *diag, gap_min, gap_mass)
+        first = block_share - levels if diagonal else block_share
+        for offset, total in enumerate(sums):
+            col_acc[first + offset] = col_acc[first + offset] + total
+        if gap_sum is not None:
+            add_gap(jnp.sum(gap_sum))
+        return tuple(col_acc)
+
+    def separable(col_acc):
+        _, coef, dbeta = tile.dead_coef(ds, mask, extra)
+        col_acc = common(col_acc, coef, dbeta)
+        w_key = _decay(cols.vec("suf_min") - r, tau)
+        w_query = _decay(rows.vec("pre_min") - r, tau)
+        w_gap = jnp.exp((gap_min - r) * (-1.0 / tau))
+        base = tile.separable_base(coef, cols.vec("suf_mass") * w_key,
+                                   rows.vec("pre_mass") * w_query + gap_mass * w_gap)
+        per_key = tile.sum_over_queries(base)
+        col_acc[block_share] = col_acc[block_share] + w_key * per_key
+        add_gap(w_gap * jnp.sum(per_key))
+        return tuple(col_acc)
+
+    def row_referenced(col_acc):
+        _, coef, dbeta = tile.dead_coef(ds, mask, extra)
+        col_acc = common(col_acc, coef, dbeta)
+        pre = rows.vec("pre_min")
+        query_min = jnp.minimum(pre, gap_min)
+        w_gap = _decay(gap_min - query_min, tau)
+        key_weight, query_factor, base = tile.row_referenced(
+            coef, query_min, rows.vec("pre_mass") * _decay(pre - query_min, tau)
+            + gap_mass * w_gap)
+        col_acc[block_share] = (col_acc[block_share]
+                                + tile.sum_over_queries(base * key_weight))
+        gap_share = base * query_factor * lax.broadcast_in_dim(w_gap, tile.shape, [tile.qa])
+        add_gap(jnp.sum(tile.sum_over_queries(gap_share)))
+        return tuple(col_acc)
+
+    if diagonal or not cfg.separable:
+        return exact(col_acc)
+    return lax.switch(path, (lambda c: c, separable, row_referenced), col_acc)
 
 
 def dkv_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
@@ -415,8 +499,7 @@ def dkv_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
         fetch(j, 0)
         for index in range(3 + (3 if fpa else 0)):
             plgpu.barrier_wait(bars.at[index])
-        beta = plgpu.load(beta_s.at[0], layout=plgpu.Layout.WGMMA.reduce(1)) if fpa else None
-        beta = lax.broadcast_in_dim(beta, (n, n), [0]) if fpa else None
+        beta = beta_s[0, 0] if fpa else None  # a scalar
         cols = _Vectors(colp_s, col_names, axis=0)
         diag_cols = _Vectors(cold_s, ["suf"], axis=0) if fpa else None
         diag_rows = _Vectors(rowd_s, ["pre"], axis=1) if fpa else None
@@ -424,14 +507,13 @@ def dkv_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
             for c in range(chunks):
                 gap_s.at[c][...] = _zeros((n,), plgpu.Layout.WGMMA.reduce(0))
 
-        beta_scalar = beta_s[0, 0] if fpa else None
         if cfg.skips and cfg.segments:  # query blocks past the key block's last document
             end = jnp.minimum(nb, lax.div(cols.scalar("dend").astype(jnp.int32), n) + 1)
         else:
             end = nb
 
         def step(i, slot, carry, diagonal):
-            state, gap_min, gap_mass, gap_scalar = carry
+            state, gap_min, gap_mass = carry
 
             @pl.when(i + 1 < end)
             def _():
@@ -461,83 +543,35 @@ def dkv_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
                 if cfg.mode == "separable":
                     col_acc[0] = col_acc[0] - tile.sum_over_queries(ds)
                 elif fpa:
-                    col_acc = tuple(col_acc)
-
-                    def add_gap(per_key):
-                        spread = lax.broadcast_in_dim(per_key, (n, n), [0])
-                        lane = lax.rem(i, n)
-                        hit = jnp.where(tile.t_local == lane, spread, 0.0).sum(axis=0)
-                        chunk = gap_s.at[lax.div(i, n)]
-                        chunk[...] = plgpu.load(chunk, layout=plgpu.Layout.WGMMA.reduce(0)) + hit
-
-                    def exact(col_acc):
-                        col_acc = list(col_acc)
-                        coef, dbeta, shares, gap_share = tile.fpa_shares(
-                            ds, mask, extra, diagonal, gap_min, gap_mass)
-                        at = 0
-                        if not cfg.query_level:
-                            col_acc[0] = col_acc[0] - tile.sum_over_queries(coef)
-                            at = 1
-                        col_acc[at] = col_acc[at] + tile.sum_over_queries(dbeta)
-                        first = at + 1 if diagonal else at + 1 + levels
-                        for offset, (to_key, _) in enumerate(shares):
-                            col_acc[first + offset] = (col_acc[first + offset]
-                                                       + tile.sum_over_queries(to_key))
-                        if gap_share is not None:
-                            add_gap(tile.sum_over_queries(gap_share))
-                        return tuple(col_acc)
-
-                    def separable(col_acc):
-                        col_acc = list(col_acc)
-                        dead, coef = tile.dead_coef(ds, mask, extra)
-                        dbeta = jnp.where(dead, extra["gap"] * ds, 0.0)
-                        w_key = _decay(cols.vec("suf_min") - r, cfg.tau)
-                        w_query = _decay(rows.vec("pre_min") - r, cfg.tau)
-                        w_gap = _decay(gap_min - r, cfg.tau)
-                        base = tile.separable_base(
-                            coef, cols.vec("suf_mass") * w_key,
-                            rows.vec("pre_mass") * w_query + gap_mass * w_gap)
-                        per_key = tile.sum_over_queries(base)
-                        col_acc[0] = col_acc[0] - tile.sum_over_queries(coef)
-                        col_acc[1] = col_acc[1] + tile.sum_over_queries(dbeta)
-                        col_acc[2 + levels] = col_acc[2 + levels] + w_key * per_key
-                        key_layout = plgpu.Layout.WGMMA.reduce(1)
-                        add_gap(per_key * _decay(_splat(gap_scalar, n, key_layout) - r, cfg.tau))
-                        return tuple(col_acc)
-
-                    if diagonal or not cfg.separable:
-                        col_acc = exact(col_acc)
-                    else:
-                        col_acc = lax.switch(path, (lambda c: c, separable, exact), col_acc)
+                    col_acc = _dkv_field_terms(cfg, tile, ds, mask, extra, diagonal, path, r,
+                                               (diag_rows, diag_cols), (gap_min, gap_mass),
+                                               tuple(col_acc), functools.partial(
+                                                   _add_gap_total, gap_s, i, n))
                 return dk, dv, tuple(col_acc)
 
             r = path = None
             if cfg.separable and not diagonal:
-                r, path = _share_path(cfg, rows, cols, gap_scalar)
+                r, path = _share_path(cfg, rows, cols, gap_min)
             if diagonal or not cfg.prunes:
                 state = compute(state)
             else:
-                skip = _skip_tile(cfg, rows, cols, gap_scalar, beta_scalar)
+                skip = _skip_tile(cfg, rows, cols, gap_min, beta)
                 state = lax.cond(skip, lambda s: s, compute, state)
             if fpa and not diagonal:
-                gap_min, gap_mass = _gap_update(gap_min, gap_mass, rows.vec("bmin"),
-                                                rows.vec("bmass"), cfg.tau)
-                gap_scalar = jnp.minimum(gap_scalar, rows.scalar("bmin"))
-            return state, gap_min, gap_mass, gap_scalar
+                gap_min, gap_mass = _gap_update(gap_min, gap_mass, rows.scalar("bmin"),
+                                                rows.scalar("bmass"), cfg.tau)
+            return state, gap_min, gap_mass
 
         zeros_tile = _zeros((n, head_dim), plgpu.Layout.WGMMA)
         col_acc = tuple(_zeros((n,), plgpu.Layout.WGMMA.reduce(1)) for _ in out_names)
-        gap_min = gap_mass = gap_scalar = None
-        if fpa:
-            gap_min = jnp.full((n,), BIG, jnp.float32)
-            gap_min = plgpu.layout_cast(gap_min, plgpu.Layout.WGMMA.reduce(0))
-            gap_mass = _zeros((n,), plgpu.Layout.WGMMA.reduce(0))
-            gap_scalar = jnp.float32(BIG)
-        carry = ((zeros_tile, zeros_tile, col_acc), gap_min, gap_mass, gap_scalar)
+        gap_min = gap_mass = None
+        if fpa:  # scalars: the gap's minimum and soft-min mass
+            gap_min, gap_mass = jnp.float32(BIG), jnp.float32(0.0)
+        carry = ((zeros_tile, zeros_tile, col_acc), gap_min, gap_mass)
         carry = step(j, 0, carry, diagonal=True)
         carry = lax.fori_loop(j + 1, end,
                               lambda i, c: step(i, lax.rem(i - j, 2), c, diagonal=False), carry)
-        (dk, dv, col_acc), _, _, _ = carry
+        (dk, dv, col_acc), _, _ = carry
 
         k_s[...] = (cfg.scale * dk).astype(k_s.dtype)
         v_s[...] = dv.astype(v_s.dtype)
@@ -572,6 +606,59 @@ def dkv_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
         body, out_type=tuple(out_types), scratch_types=scratch,
         grid=(heads, nb, batch), grid_names=("h", "kb", "b"),
     )(q, k, v, dout, rowp, colp, rowd, cold, beta)
+
+
+def _dq_field_terms(cfg, tile, p, ds, mask, extra, diagonal, path, r, diag, gap, row_acc):
+    """FPA's query-side sums of one tile into row_acc = (dpsi?, share per level, dsum, pgap)
+    (dsum is added by the caller): the paths of `_dkv_field_terms`."""
+    levels, tau = cfg.diag_levels, cfg.tau
+    rows, cols = tile.rows, tile.cols
+    gap_min, gap_mass = gap
+    block_share = (1 if cfg.query_level else 0) + levels
+
+    def common(row_acc, dead, coef):
+        row_acc = list(row_acc)
+        row_acc[-1] = row_acc[-1] + tile.sum_over_keys(jnp.where(dead, p * extra["gap"], 0.0))
+        if cfg.query_level:
+            row_acc[0] = row_acc[0] - tile.sum_over_keys(coef)
+        return row_acc
+
+    def exact(row_acc):
+        dead, coef, _ = tile.dead_coef(ds, mask, extra)
+        row_acc = common(row_acc, dead, coef)
+        sums, _ = tile.exact_shares(coef, extra, diagonal, "query", *diag, gap_min, gap_mass)
+        first = block_share - levels if diagonal else block_share
+        for offset, total in enumerate(sums):
+            row_acc[first + offset] = row_acc[first + offset] + total
+        return tuple(row_acc)
+
+    def separable(row_acc):
+        dead, coef, _ = tile.dead_coef(ds, mask, extra)
+        row_acc = common(row_acc, dead, coef)
+        w_query = _decay(rows.vec("pre_min") - r, tau)
+        w_gap = jnp.exp((gap_min - r) * (-1.0 / tau))
+        base = tile.separable_base(
+            coef, cols.vec("suf_mass") * _decay(cols.vec("suf_min") - r, tau) + gap_mass * w_gap,
+            rows.vec("pre_mass") * w_query)
+        row_acc[block_share] = row_acc[block_share] + w_query * tile.sum_over_keys(base)
+        return tuple(row_acc)
+
+    def row_referenced(row_acc):
+        dead, coef, _ = tile.dead_coef(ds, mask, extra)
+        row_acc = common(row_acc, dead, coef)
+        pre = rows.vec("pre_min")
+        query_min = jnp.minimum(pre, gap_min)
+        w_query = _decay(pre - query_min, tau)
+        _, query_factor, base = tile.row_referenced(
+            coef, query_min,
+            rows.vec("pre_mass") * w_query + gap_mass * _decay(gap_min - query_min, tau))
+        row_acc[block_share] = (row_acc[block_share]
+                                + w_query * tile.sum_over_keys(base * query_factor))
+        return tuple(row_acc)
+
+    if diagonal or not cfg.separable:
+        return exact(row_acc)
+    return lax.switch(path, (lambda c: c, separable, row_referenced), row_acc)
 
 
 def dq_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
@@ -614,20 +701,18 @@ def dq_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
         fetch(i, 0)
         for index in range(3 + (3 if fpa else 0)):
             plgpu.barrier_wait(bars.at[index])
-        beta = plgpu.load(beta_s.at[0], layout=plgpu.Layout.WGMMA.reduce(1)) if fpa else None
-        beta = lax.broadcast_in_dim(beta, (n, n), [0]) if fpa else None
+        beta = beta_s[0, 0] if fpa else None  # a scalar
         rows = _Vectors(rowp_s, row_names, axis=0)
         diag_cols = _Vectors(cold_s, ["suf"], axis=1) if fpa else None
         diag_rows = _Vectors(rowd_s, ["pre"], axis=0) if fpa else None
 
-        beta_scalar = beta_s[0, 0] if fpa else None
         if cfg.skips and cfg.segments:  # key blocks before the query block's first document
             j_lo = lax.div(rows.scalar("seg").astype(jnp.int32), n)
         else:
             j_lo = 0
 
         def step(j, slot, carry, diagonal):
-            state, gap_min, gap_mass, gap_scalar = carry
+            state, gap_min, gap_mass = carry
 
             @pl.when(j - 1 >= j_lo)
             def _():
@@ -657,74 +742,36 @@ def dq_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
                     row_acc[0] = row_acc[0] + tile.sum_over_keys(ds)
                 elif fpa:
                     row_acc[-2] = row_acc[-2] + tile.sum_over_keys(ds)
-                    row_acc = tuple(row_acc)
-
-                    def exact(row_acc):
-                        row_acc = list(row_acc)
-                        coef, _, shares, _ = tile.fpa_shares(ds, mask, extra, diagonal, gap_min,
-                                                             gap_mass)
-                        dead = extra["dead"] if mask is None else extra["dead"] & mask
-                        row_acc[-1] = row_acc[-1] + tile.sum_over_keys(
-                            jnp.where(dead, p * extra["gap"], 0.0))
-                        at = 0
-                        if cfg.query_level:
-                            row_acc[0] = row_acc[0] - tile.sum_over_keys(coef)
-                            at = 1
-                        first = at if diagonal else at + levels
-                        for offset, (_, to_query) in enumerate(shares):
-                            row_acc[first + offset] = (row_acc[first + offset]
-                                                       + tile.sum_over_keys(to_query))
-                        return tuple(row_acc)
-
-                    def separable(row_acc):
-                        row_acc = list(row_acc)
-                        dead, coef = tile.dead_coef(ds, mask, extra)
-                        row_acc[-1] = row_acc[-1] + tile.sum_over_keys(
-                            jnp.where(dead, p * extra["gap"], 0.0))
-                        w_key = _decay(cols.vec("suf_min") - r, cfg.tau)
-                        w_query = _decay(rows.vec("pre_min") - r, cfg.tau)
-                        w_gap = _decay(gap_min - r, cfg.tau)
-                        base = tile.separable_base(
-                            coef, cols.vec("suf_mass") * w_key + gap_mass * w_gap,
-                            rows.vec("pre_mass") * w_query)
-                        row_acc[levels] = row_acc[levels] + w_query * tile.sum_over_keys(base)
-                        return tuple(row_acc)
-
-                    if diagonal or not cfg.separable:
-                        row_acc = exact(row_acc)
-                    else:
-                        row_acc = lax.switch(path, (lambda c: c, separable, exact), row_acc)
+                    row_acc = _dq_field_terms(cfg, tile, p, ds, mask, extra, diagonal, path, r,
+                                              (diag_rows, diag_cols), (gap_min, gap_mass),
+                                              tuple(row_acc))
                 return dq, tuple(row_acc)
 
             r = path = None
             if cfg.separable and not diagonal:
-                r, path = _share_path(cfg, rows, cols, gap_scalar)
+                r, path = _share_path(cfg, rows, cols, gap_min)
             if diagonal or not cfg.prunes:
                 state = compute(state)
             else:
-                skip = _skip_tile(cfg, rows, cols, gap_scalar, beta_scalar)
+                skip = _skip_tile(cfg, rows, cols, gap_min, beta)
                 state = lax.cond(skip, lambda s: s, compute, state)
             if fpa and not diagonal:
-                gap_min, gap_mass = _gap_update(gap_min, gap_mass, cols.vec("bmin"),
-                                                cols.vec("bmass"), cfg.tau)
-                gap_scalar = jnp.minimum(gap_scalar, cols.scalar("bmin"))
-            return state, gap_min, gap_mass, gap_scalar
+                gap_min, gap_mass = _gap_update(gap_min, gap_mass, cols.scalar("bmin"),
+                                                cols.scalar("bmass"), cfg.tau)
+            return state, gap_min, gap_mass
 
         zeros_tile = _zeros((n, head_dim), plgpu.Layout.WGMMA)
         row_acc = tuple(_zeros((n,), plgpu.Layout.WGMMA.reduce(1)) for _ in out_names)
-        gap_min = gap_mass = gap_scalar = None
-        if fpa:
-            gap_min = jnp.full((n,), BIG, jnp.float32)
-            gap_min = plgpu.layout_cast(gap_min, plgpu.Layout.WGMMA.reduce(0))
-            gap_mass = _zeros((n,), plgpu.Layout.WGMMA.reduce(0))
-            gap_scalar = jnp.float32(BIG)
-        carry = step(i, 0, ((zeros_tile, row_acc), gap_min, gap_mass, gap_scalar), diagonal=True)
+        gap_min = gap_mass = None
+        if fpa:  # scalars: the gap's minimum and soft-min mass
+            gap_min, gap_mass = jnp.float32(BIG), jnp.float32(0.0)
+        carry = step(i, 0, ((zeros_tile, row_acc), gap_min, gap_mass), diagonal=True)
 
         def off_diagonal(m, c):
             j = i - 1 - m
             return step(j, lax.rem(m + 1, 2), c, diagonal=False)
 
-        (dq, row_acc), _, _, _ = lax.fori_loop(0, i - j_lo, off_diagonal, carry)
+        (dq, row_acc), _, _ = lax.fori_loop(0, i - j_lo, off_diagonal, carry)
         q_s[...] = (cfg.scale * dq).astype(q_s.dtype)
         for index, acc in enumerate(row_acc):
             rowo_s.at[index][...] = acc

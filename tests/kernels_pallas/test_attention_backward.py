@@ -253,10 +253,10 @@ def _assert_fpa_close(got, want):
 
 
 @pytest.mark.parametrize("forced", [1, 2])
-def test_fpa_separable_and_exact_shares_match_the_oracle(forced, monkeypatch):
+def test_fpa_separable_and_row_referenced_shares_match_the_oracle(forced, monkeypatch):
     """Off-diagonal tiles (gaps included, T = 200: four blocks, ragged) with a small walk, so
     every tile meets the separable path's spread bound: forcing the separable path (1) or the
-    exact per-pair path (2) on every tile with a dead pair must both give the oracle's
+    row-referenced per-pair path (2) on every tile with a dead pair must both give the oracle's
     gradients."""
     from kernels_pallas.attention import backward_kernels as kernels
     real = kernels._share_path
@@ -275,7 +275,8 @@ def test_fpa_separable_and_exact_shares_match_the_oracle(forced, monkeypatch):
 
 def test_fpa_tile_paths_chosen_per_tile_match_the_oracle():
     """The paths as chosen: a flat stretch (no dead key: field work skipped), a small walk
-    (separable) and a cliff of 300 nats inside the row (spread too wide: exact) in one row."""
+    (separable) and a cliff of 300 nats inside the row (spread too wide: row-referenced) in one
+    row."""
     seed = case_seed(710)
     keys = jax.random.split(jax.random.PRNGKey(seed), 2)
     steps = jnp.concatenate([jnp.zeros((1, 70, 1)),
