@@ -1,0 +1,66 @@
+"""run_probe's success counts: a seed succeeds when its final held-out accuracy strictly exceeds
+the task's threshold (an accuracy exactly at the threshold is a failure); the Fisher p-values
+are computed from those counts. The per-seed training is replaced by chosen accuracies."""
+
+import numpy as np
+import pytest
+
+from train.probes import runner
+from train.probes.runner import ProbeConfig, run_probe
+from train.probes.stats import fisher_greater
+from train.probes.tasks import TASKS
+from tests.seeds import case_seed
+
+
+def chosen_accuracies(monkeypatch, finals):
+    """train_seeds returns, per method, curves [S, 2] whose last column is finals[method]
+    (float32, as the trainer's accuracies are); the first column is above every threshold."""
+    calls = []
+
+    def train_seeds(method, task, sizes, config):
+        calls.append(method)
+        final = np.asarray(finals[method], np.float32)
+        assert final.shape == (config.seeds,)
+        accuracy = np.stack([np.ones_like(final), final], axis=1)
+        return {"seeds": list(range(config.seeds)), "loss": np.zeros_like(accuracy),
+                "accuracy": accuracy, "seconds": 0.0}
+
+    monkeypatch.setattr(runner, "train_seeds", train_seeds)
+    return calls
+
+
+@pytest.mark.parametrize("task", ["ladder", "push_pop", "flip_flop"])  # 0.95, 0.9, 0.99
+def test_successes_count_the_seeds_strictly_above_the_threshold(monkeypatch, task):
+    threshold = TASKS[task].threshold
+    at = np.float32(threshold)                                   # exactly at the threshold
+    above = np.nextafter(at, np.float32(1))                      # the next float32 above it
+    below = np.nextafter(at, np.float32(0))
+    rng = np.random.default_rng(case_seed(2921))
+    finals = {
+        "fpa": [at, above, 1.0, below, 0.0, above],              # 3 successes
+        "fox": [at, at, below, 1.0, 0.25, 0.5],                  # 1 success
+        "softmax_nope": [at] * 6,                                # 0 successes
+    }
+    for method in finals:                                        # order must not matter
+        finals[method] = list(rng.permutation(np.asarray(finals[method], np.float32)))
+    calls = chosen_accuracies(monkeypatch, finals)
+    config = ProbeConfig(seeds=6, steps=2, eval_every=1)
+    result = run_probe(task, list(finals), config)
+    assert calls == list(finals)
+    assert result["threshold"] == threshold
+    successes = {m: r["successes"] for m, r in result["methods"].items()}
+    assert successes == {"fpa": 3, "fox": 1, "softmax_nope": 0}
+    for method, run in result["methods"].items():
+        assert run["seeds"] == 6
+        np.testing.assert_array_equal(run["final_accuracy"], np.float32(finals[method]))
+    assert result["fisher"] == {"fox": fisher_greater(3, 6, 1, 6),
+                                "softmax_nope": fisher_greater(3, 6, 0, 6)}
+
+
+def test_every_seed_above_or_below_the_threshold(monkeypatch):
+    finals = {"fpa": [1.0, 0.96, 0.951], "fox": [0.95, 0.5, 0.0]}
+    chosen_accuracies(monkeypatch, finals)
+    result = run_probe("ladder", ["fpa", "fox"], ProbeConfig(seeds=3, steps=2, eval_every=1))
+    assert result["methods"]["fpa"]["successes"] == 3
+    assert result["methods"]["fox"]["successes"] == 0
+    assert result["fisher"] == {"fox": fisher_greater(3, 3, 0, 3)}
