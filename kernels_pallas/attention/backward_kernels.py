@@ -317,23 +317,27 @@ class _Tile:
         A piece's share of a pair is coef / mass times the piece's own weight
         exp(-(piece min - R)/tau), mass = sum over the pieces of mass_piece exp(-(min - R)/tau).
         side "key": the key-side shares summed over queries (and the gap shares, off the
-        diagonal); side "query": the query-side shares summed over keys. Diagonal tiles have
-        one piece pair per dyadic level, loaded when used.
+        diagonal); side "query": the query-side shares summed over keys. On a diagonal tile each
+        pair s < t has the piece pair of its dyadic level: the pieces are selected per pair
+        (two exponentials and one division per pair) and the shares summed per level.
         """
         tau = self.cfg.tau
         range_min = extra["range_min"]
         reduce = self.sum_over_queries if side == "key" else self.sum_over_keys
-        if diagonal:
-            sums = []
-            for level, level_mask in enumerate(self.level_masks()):
-                to_key = _decay(diag_cols.full("suf", self.shape, row=2 * level) - range_min, tau)
-                to_query = _decay(diag_rows.full("pre", self.shape, row=2 * level) - range_min,
-                                  tau)
-                mass = (diag_cols.full("suf", self.shape, row=2 * level + 1) * to_key
-                        + diag_rows.full("pre", self.shape, row=2 * level + 1) * to_query)
-                share = jnp.where(level_mask, coef / jnp.maximum(mass, 1.0), 0.0)
-                sums.append(reduce(share * (to_key if side == "key" else to_query)))
-            return sums, None
+        if diagonal:  # each pair s < t lies in one level: select its pieces, then sum by level
+            masks = self.level_masks()
+            suf = pre = suf_mass = pre_mass = None
+            for level, level_mask in enumerate(masks):
+                pick = lambda chosen, x: x if chosen is None else jnp.where(level_mask, x, chosen)
+                suf = pick(suf, diag_cols.full("suf", self.shape, row=2 * level))
+                suf_mass = pick(suf_mass, diag_cols.full("suf", self.shape, row=2 * level + 1))
+                pre = pick(pre, diag_rows.full("pre", self.shape, row=2 * level))
+                pre_mass = pick(pre_mass, diag_rows.full("pre", self.shape, row=2 * level + 1))
+            to_key = _decay(suf - range_min, tau)
+            to_query = _decay(pre - range_min, tau)
+            share = coef / jnp.maximum(suf_mass * to_key + pre_mass * to_query, 1.0)
+            share = share * (to_key if side == "key" else to_query)
+            return [reduce(jnp.where(level_mask, share, 0.0)) for level_mask in masks], None
         to_key = _decay(self.col("suf_min") - range_min, tau)
         to_query = _decay(self.row("pre_min") - range_min, tau)
         to_gap = _decay(gap_min - range_min, tau)
