@@ -14,7 +14,10 @@ Then a third process (JAX, GPU) adds, per shape, the fraction of off-diagonal ti
 forward kernel prunes on these inputs (FPA and FoX), and the compiled peak memory and time of
 "fpa pallas" forward+backward at B=1, H=12, D=64 and each of --memory-lengths (O(T): no T x T
 buffer). Its table follows the main one; its rows go to <json stem>_extras.json.
-Inputs as benchmarks/bench_fpa.py (drifting walk for phi, psi; forget gates near 0.98).
+Inputs as benchmarks/bench_fpa.py (drifting walk for phi, psi; forget gates near 0.98). FPA
+also runs in two more field regimes: "fpa pallas fox fields" (phi = psi = cumsum log forget,
+beta = 1: FoX's bias, so its rel err is against "fox pallas") and "fpa pallas flat"
+(phi = psi = 0: zero bias, nothing pruned; rel err against "softmax pallas").
 """
 
 import functools
@@ -28,6 +31,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 from benchmarks import bench_fpa, harness, timing  # noqa: E402
 
 FPA_ARGS, FOX_ARGS, SDPA_ARGS = bench_fpa.FPA_ARGS, bench_fpa.FOX_ARGS, bench_fpa.SDPA_ARGS
+FPA_FOX_FIELDS_ARGS = ("q", "k", "v", "fox_fields", "fox_fields", "beta")
+FPA_FLAT_ARGS = ("q", "k", "v", "flat_fields", "flat_fields", "beta")
+
+
+def make_inputs(shape, seed):
+    """bench_fpa's inputs plus FPA's FoX-field and flat regimes."""
+    import numpy as np
+    x = bench_fpa.make_inputs(shape, seed)
+    x["fox_fields"] = np.cumsum(x["log_forget"], axis=1)
+    x["flat_fields"] = np.zeros_like(x["phi"])
+    return x
 
 
 def add_arguments(parser):
@@ -63,6 +77,10 @@ def jax_entries(args):
         ("fox pallas", functools.partial(fox_attention, **pallas), FOX_ARGS, "fla fox"),
         ("softmax pallas", functools.partial(softmax_attention, **pallas), SDPA_ARGS,
          "torch sdpa"),
+        ("fpa pallas fox fields", functools.partial(fpa_attention, **pallas),
+         FPA_FOX_FIELDS_ARGS, "fox pallas"),
+        ("fpa pallas flat", functools.partial(fpa_attention, **pallas), FPA_FLAT_ARGS,
+         "softmax pallas"),
         ("cudnn sdpa", cudnn, SDPA_ARGS, "torch sdpa"),
     ]
     return [entry if entry[-1] is not None else entry[:3] for entry in entries]
@@ -70,11 +88,12 @@ def jax_entries(args):
 
 BENCHMARK = harness.Benchmark(
     name="attention", title="Attention kernels", script=__file__, shapes=shapes,
-    make_inputs=bench_fpa.make_inputs, jax_entries=jax_entries,
+    make_inputs=make_inputs, jax_entries=jax_entries,
     torch_entries=bench_fpa.torch_entries, flops=bench_fpa.flops,
     anchor=lambda args: "fla fox" if args.device == "gpu" else "softmax xla",
     description=__doc__, add_arguments=add_arguments,
-    keep_float32=("phi", "psi", "beta", "log_forget"), shape_header="shape (B,T,H,D)",
+    keep_float32=("phi", "psi", "beta", "log_forget", "fox_fields", "flat_fields"),
+    shape_header="shape (B,T,H,D)",
     flops_note="TFLOP/s: causal attention's 2 B H T^2 D forward flops (x3.5 with backward)")
 
 
