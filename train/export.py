@@ -2,9 +2,17 @@
 
     out_dir/model.safetensors   fla tensor names (train/export_layout.py), float32 or bfloat16
     out_dir/config.json         fla config: model_type gated_deltanet | forgetting_transformer |
-                                transformer, or fpa_transformer (this project's own, for FPA)
+                                transformer, or fpa_transformer (this project's own, for FPA);
+                                `dtype` (transformers' name for the deprecated `torch_dtype`),
+                                and the tokenizer's special-token ids (export_run only)
+    out_dir/generation_config.json   those token ids (export_run only)
     out_dir/README.md           how to load it; the FPA-specific tensors
     out_dir/tokenizer/          the run's tokenizer (export_run only)
+
+export_run refuses an --out that is a file, or a non-empty directory (a previous export or the
+user's files) unless force=True; then it replaces the export's own files and keeps the rest.
+The tokenizers of this project (train/tokenizer.py) define one special token, end of text
+(eos_token_id); there is no BOS and no padding token, so bos_token_id / pad_token_id are left out.
 
 Mapping of one parameter (flax -> torch), by kind:
     linear     kernel [in, out]                 -> weight [out, in]            (transpose)
@@ -40,6 +48,7 @@ EXPORT_DTYPES = {"float32": np.dtype(np.float32), "bf16": np.dtype(ml_dtypes.bfl
                  "bfloat16": np.dtype(ml_dtypes.bfloat16)}
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
+GENERATION_CONFIG_FILE = "generation_config.json"
 README_FILE = "README.md"
 JAX_CONFIG_KEY = "fpa_gdn_jax_config"   # the full training config, for re-import
 
@@ -177,7 +186,7 @@ def _common_config(config: Config, vocab_size: int) -> dict[str, Any]:
             "norm_eps": m.norm_eps, "vocab_size": vocab_size,
             "tie_word_embeddings": m.tie_embeddings,
             "max_position_embeddings": config.data.seq_len, "initializer_range": m.init_std,
-            "torch_dtype": None}
+            "dtype": None}
 
 
 def _gdn_config(config: Config) -> dict[str, Any]:
@@ -254,7 +263,8 @@ FLA_BODY = """
 ```python
 import fla  # registers the fla model types with transformers
 from transformers import AutoModelForCausalLM
-model = AutoModelForCausalLM.from_pretrained("{out_dir}", torch_dtype="auto").cuda()
+model = AutoModelForCausalLM.from_pretrained("{out_dir}", dtype="auto").cuda()
+# (transformers < 4.56: torch_dtype="auto")
 ```
 
 Mapping from the JAX parameters: Linear weights are the transposed flax kernels
@@ -299,9 +309,40 @@ def _numpy_params(params: Any) -> dict[tuple[str, ...], np.ndarray]:
             for path, leaf in traverse_util.flatten_dict(params).items()}
 
 
+SPECIAL_TOKEN_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id")
+
+
+def special_token_ids(tokenizer: Any) -> dict[str, int]:
+    """{eos_token_id: ...}, and bos/pad where `tokenizer` defines them (`bos_id`, `eos_id`,
+    `pad_id`; this project's tokenizers define end of text only)."""
+    ids = {}
+    for key in SPECIAL_TOKEN_KEYS:
+        value = getattr(tokenizer, key.replace("_token", ""), None)
+        if value is not None:
+            ids[key] = int(value)
+    return ids
+
+
+def _token_ids_note(token_ids: dict[str, int]) -> str:
+    """README lines on the special tokens written to config.json / generation_config.json."""
+    if not token_ids:
+        return ""
+    ids = ", ".join(f"`{key}` {value}" for key, value in token_ids.items())
+    note = f"\nSpecial tokens (config.json and `{GENERATION_CONFIG_FILE}`): {ids}."
+    absent = {"bos_token_id": "no BOS token", "pad_token_id": "no padding token"}
+    missing = [key for key in absent if key not in token_ids]
+    if missing:
+        note += (f" The tokenizer defines {' and '.join(absent[key] for key in missing)}, so "
+                 f"{' and '.join(f'`{key}`' for key in missing)} are left out.")
+    return note + "\n"
+
+
 def export_params(params: Any, config: Config, vocab_size: int, out_dir: str | Path, *,
-                  dtype: str = "float32", source: str = "a JAX checkpoint") -> Path:
-    """Write model.safetensors, config.json and README.md for `params` into `out_dir`."""
+                  dtype: str = "float32", source: str = "a JAX checkpoint",
+                  token_ids: dict[str, int] | None = None) -> Path:
+    """Write model.safetensors, config.json and README.md for `params` into `out_dir`
+    (replacing files of those names). token_ids: {eos_token_id: ...} (SPECIAL_TOKEN_KEYS) for
+    config.json, also written as generation_config.json; None or {}: neither."""
     if dtype not in EXPORT_DTYPES:
         raise ExportError(f"dtype: expected one of {sorted(EXPORT_DTYPES)}, got {dtype!r}")
     target = EXPORT_DTYPES[dtype]
@@ -314,20 +355,28 @@ def export_params(params: Any, config: Config, vocab_size: int, out_dir: str | P
             raise ExportError(f"params: {'/'.join(entry.flax_path)} has the non-float dtype "
                               f"{array.dtype}")
         tensors[entry.name] = np.ascontiguousarray(to_torch(entry.kind, array).astype(target))
-    fla["torch_dtype"] = "bfloat16" if target != np.float32 else "float32"
+    fla["dtype"] = "bfloat16" if target != np.float32 else "float32"
+    token_ids = dict(token_ids or {})
+    unknown = sorted(set(token_ids) - set(SPECIAL_TOKEN_KEYS))
+    if unknown:
+        raise ExportError(f"token_ids: unknown keys {unknown}; expected some of "
+                          f"{list(SPECIAL_TOKEN_KEYS)}")
+    fla.update(token_ids)
     fla[JAX_CONFIG_KEY] = {"config": config.to_dict(), "vocab_size": vocab_size}
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     write_safetensors(out_dir / WEIGHTS_FILE, tensors, metadata={"format": "pt"})
     (out_dir / CONFIG_FILE).write_text(json.dumps(fla, indent=1) + "\n")
+    if token_ids:
+        (out_dir / GENERATION_CONFIG_FILE).write_text(json.dumps(token_ids, indent=1) + "\n")
     model_type = fla["model_type"]
     tie_note = ("`lm_head.weight` is not stored: the output head is tied to the embeddings "
                 "(`tie_word_embeddings: true`)." if config.model.tie_embeddings else "")
     body = (FPA_BODY if model_type == "fpa_transformer" else FLA_BODY).format(
         out_dir=out_dir, tie_note=tie_note)
     (out_dir / README_FILE).write_text(README_TEXT.format(
-        model_type=model_type, source=source, dtype=fla["torch_dtype"], jax_key=JAX_CONFIG_KEY,
-        body=body))
+        model_type=model_type, source=source, dtype=fla["dtype"], jax_key=JAX_CONFIG_KEY,
+        body=body) + _token_ids_note(token_ids))
     return out_dir
 
 
@@ -364,13 +413,36 @@ def abstract_params(config: Config, vocab_size: int) -> Any:
     return nn.meta.unbox(boxed)
 
 
+def _check_out_dir(out_dir: Path, force: bool) -> None:
+    """--out must be a new or empty directory (or, with force, any directory)."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ExportError(f"--out: {out_dir} is a file, expected a directory (a new or empty one)")
+    for parent in out_dir.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise ExportError(f"--out: {parent} is a file, so {out_dir} cannot be created")
+            break
+    if out_dir.is_dir() and any(out_dir.iterdir()) and not force:
+        raise ExportError(f"--out: {out_dir} is not empty (a previous export or other files); "
+                          f"name a new or empty directory, or pass --force to overwrite the "
+                          f"export's files there (other files are kept)")
+
+
+EXPORT_ENTRIES = (WEIGHTS_FILE, CONFIG_FILE, GENERATION_CONFIG_FILE, README_FILE)
+
+
 def export_run(run_dir: str | Path, out_dir: str | Path, *, format: str = "fla",
-               dtype: str = "float32", step: int | None = None) -> tuple[Path, int]:
-    """Export a run's newest (or `step`) checkpoint; returns (out_dir, step)."""
+               dtype: str = "float32", step: int | None = None,
+               force: bool = False) -> tuple[Path, int]:
+    """Export a run's newest (or `step`) checkpoint; returns (out_dir, step). A non-empty
+    `out_dir` is refused unless `force` (then the export's own files and tokenizer/ in it are
+    replaced, anything else is kept)."""
     if format not in FORMATS:
         raise ExportError(f"--format: expected one of {list(FORMATS)}, got {format!r}")
     if dtype not in EXPORT_DTYPES:
         raise ExportError(f"--dtype: expected one of {sorted(EXPORT_DTYPES)}, got {dtype!r}")
+    out_dir = Path(out_dir)
+    _check_out_dir(out_dir, force)
     from train.checkpoint import TOKENIZER_DIRNAME
     from train.runs import load_run, restore_run_state
     from train.session import build_session
@@ -381,11 +453,18 @@ def export_run(run_dir: str | Path, out_dir: str | Path, *, format: str = "fla",
     session = build_session(config, tokenizer.vocab_size)
     restored = restore_run_state(run_dir, session, step)
     vocab_size = resolve_vocab_size(config, tokenizer.vocab_size)
+    if out_dir.is_dir():        # force: the previous export's files go, the user's stay
+        for name in EXPORT_ENTRIES:
+            if (out_dir / name).is_file():
+                (out_dir / name).unlink()
+        if (out_dir / TOKENIZER_DIRNAME).is_dir():
+            shutil.rmtree(out_dir / TOKENIZER_DIRNAME)
     path = export_params(restored.state["params"], config, vocab_size, out_dir, dtype=dtype,
-                         source=f"run {run_dir}, step {restored.step}")
+                         source=f"run {run_dir}, step {restored.step}",
+                         token_ids=special_token_ids(tokenizer))
     tokenizer_dir = Path(run_dir) / TOKENIZER_DIRNAME
     if tokenizer_dir.is_dir():
-        shutil.copytree(tokenizer_dir, path / TOKENIZER_DIRNAME, dirs_exist_ok=True)
+        shutil.copytree(tokenizer_dir, path / TOKENIZER_DIRNAME)
         with open(path / README_FILE, "a") as readme:
             readme.write(f"\n`{TOKENIZER_DIRNAME}/` is the run's tokenizer in this project's "
                          f"format (`train.tokenizer.load_tokenizer`).\n")

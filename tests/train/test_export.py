@@ -90,7 +90,7 @@ def test_config_and_readme(exported):
     assert saved["num_hidden_layers"] == config.model.num_layers
     assert saved["intermediate_size"] == config.mlp_dim()
     assert saved["tie_word_embeddings"] == config.model.tie_embeddings
-    assert saved["torch_dtype"] == "float32"
+    assert saved["dtype"] == "float32" and "torch_dtype" not in saved
     if model_type == "gated_deltanet":
         g = config.gdn
         assert (saved["num_heads"], saved["head_dim"]) == (g.num_heads, g.head_dim)
@@ -147,7 +147,7 @@ def test_bf16_export_rounds_once_and_reimports_exactly(tmp_path):
     export.export_params(params, config, VOCAB, tmp_path, dtype="bf16")
     header, _ = read_safetensors_header(tmp_path / export.WEIGHTS_FILE)
     assert {entry["dtype"] for name, entry in header.items() if name != "__metadata__"} == {"BF16"}
-    assert json.loads((tmp_path / export.CONFIG_FILE).read_text())["torch_dtype"] == "bfloat16"
+    assert json.loads((tmp_path / export.CONFIG_FILE).read_text())["dtype"] == "bfloat16"
     _, _, restored = export.load_export(tmp_path)
     for path, leaf in traverse_util.flatten_dict(params).items():
         back = traverse_util.flatten_dict(restored)[path]
