@@ -332,6 +332,17 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"error: {self.prog}: {message} (see {self.prog} --help)\n")
 
 
+class _ProbeHelp(argparse.Action):
+    """`probe --help`: generated from the probe code (train/probes/cli.py), imported only
+    here; `probe TASK --help` reaches the probe command itself."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from train.probes.cli import general_help
+
+        print(general_help())
+        parser.exit()
+
+
 def _parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
     """Options and key=value overrides in any order: an override after an option (`fit
     tiny_fpa --run-dir R optim.lr=1e-3`) joins the others."""
@@ -440,7 +451,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_stages_command(commands)
     add_spectra_command(commands)
     sub = commands.add_parser("probe", help="synthetic-task probes over many seeds "
-                              "(`probe list` shows tasks and methods)")
+                              "(`probe --help`: tasks, keys and defaults)", add_help=False)
+    sub.add_argument("-h", "--help", action=_ProbeHelp, nargs=0,
+                     help="the tasks, the key=value options and their defaults")
     sub.add_argument("rest", nargs=argparse.REMAINDER, metavar="TASK [key=value ...]")
     sub.set_defaults(handler=command_probe)
     return parser
