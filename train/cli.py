@@ -101,9 +101,10 @@ _positive_int = _int_at_least(1)
 _non_negative_int = _int_at_least(0)
 
 
-def _run_dir(args, config_source: str | None, config: Config) -> Path:
+def _run_dir(args, config_source: str | None, config: Config, check=None) -> Path:
     """--run-dir, train.run_dir, or the default derived from the config; prints which run
-    (after refusing a run directory another process holds)."""
+    (after refusing a run directory another process holds, and after `check(run_dir)`, which
+    raises on inputs that make the run impossible, e.g. cpt's reference)."""
     from train.runs import checkpoint_steps, default_run_dir, require_unlocked
 
     if args.run_dir or config.train.run_dir:
@@ -116,6 +117,8 @@ def _run_dir(args, config_source: str | None, config: Config) -> Path:
     if run_dir.exists() and not run_dir.is_dir():
         raise UserError(f"run directory {run_dir} is a file, expected a directory")
     require_unlocked(run_dir)
+    if check is not None:
+        check(run_dir)
     steps = checkpoint_steps(run_dir)
     print(f"resuming {run_dir} from step {steps[-1]}" if steps else f"new run in {run_dir}",
           flush=True)
@@ -183,9 +186,11 @@ def command_fit(args) -> int:
 def command_cpt(args) -> int:
     config = load_config(args.config, args.overrides)
     _start_jax()
-    from train.cpt import continued_pretraining
+    from train.cpt import checked_reference, continued_pretraining
 
-    result = continued_pretraining(config, _run_dir(args, args.config, config))
+    run_dir = _run_dir(args, args.config, config,
+                       check=lambda run_dir: checked_reference(config, run_dir))
+    result = continued_pretraining(config, run_dir)
     print(_fit_summary(result, config))
     return _fit_exit_code(result)
 
@@ -404,12 +409,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub = commands.add_parser("prepare", help="tokenizer + pre-tokenised ArrayRecord shards",
                               description="tokenizer + pre-tokenised ArrayRecord shards")
-    sub.add_argument("--source", default="stdlib", help="stdlib, a directory or a glob")
+    sub.add_argument("--source", default="stdlib",
+                     help="stdlib, a directory or a glob (default: %(default)s)")
     sub.add_argument("--out", required=True, help="output directory")
     sub.add_argument("--vocab-size", type=_non_negative_int, default=0,
-                     help="train a byte-level BPE of this size (0: byte tokenizer)")
-    sub.add_argument("--num-shards", type=_positive_int, default=4)
-    sub.add_argument("--max-documents", type=_positive_int, default=None)
+                     help="train a byte-level BPE of this size (default: %(default)s, the byte "
+                          "tokenizer)")
+    sub.add_argument("--num-shards", type=_positive_int, default=4,
+                     help="ArrayRecord shards to write (default: %(default)s)")
+    sub.add_argument("--max-documents", type=_positive_int, default=None,
+                     help="read at most this many documents (default: all)")
     sub.set_defaults(handler=command_prepare)
 
     sub = commands.add_parser("plot", help="PNG loss curves and per-position loss of a run",

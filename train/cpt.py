@@ -116,8 +116,12 @@ def extended_attention(config: Config, reference_config: Config, ratio: float) -
     return config_from_dict(raw)
 
 
-def continued_pretraining(config: Config, run_dir: str | Path) -> FitResult:
-    """Continue training `cpt.reference` with SpectralShift applied once (see module doc)."""
+def checked_reference(config: Config,
+                      run_dir: str | Path) -> tuple[Config, Tokenizer, int | None, Tokenizer]:
+    """cpt.reference checked (ConfigError / RunSetupError) without loading any parameters, so
+    `python -m train cpt` refuses a missing or unusable reference before it prints anything:
+    (reference config, reference tokenizer, reference step or None for a resumed run, this
+    run's tokenizer)."""
     c = config.cpt
     if not c.reference:
         raise ConfigError("cpt.reference: set it to the reference run directory")
@@ -134,6 +138,13 @@ def continued_pretraining(config: Config, run_dir: str | Path) -> FitResult:
     if reference_tokenizer.fingerprint != tokenizer.fingerprint:
         raise RunSetupError(f"data.tokenizer: differs from the reference run's tokenizer "
                             f"({tokenizer!r} vs {reference_tokenizer!r})")
+    return reference_config, reference_tokenizer, reference_step, tokenizer
+
+
+def continued_pretraining(config: Config, run_dir: str | Path) -> FitResult:
+    """Continue training `cpt.reference` with SpectralShift applied once (see module doc)."""
+    c = config.cpt
+    reference_config, _, reference_step, tokenizer = checked_reference(config, run_dir)
     l_ref = c.l_ref or reference_config.data.seq_len
     l_tar = c.l_tar or config.data.seq_len
     try:

@@ -4,8 +4,10 @@
 Parser and handler only (imported when the command line is built, so nothing heavy at import);
 generation itself is train/generate/. Loads the run's config, tokenizer and checkpoint (the
 newest, or --step), prefills the prompt (B copies, each sampled on its own), streams row 0's
-text to stdout as it is decoded (the other rows follow at the end), then prints one line:
-tokens, tokens/s and the attention caches' live keys and slots.
+text to stdout as it is decoded (the other rows follow at the end; with B > 1 every sample
+starts with a line `--- sample i`), then prints one line: tokens, tokens/s and the attention
+caches' live keys and slots. Out-of-range values are argparse refusals naming the valid range
+(exit 2).
 """
 
 from __future__ import annotations
@@ -18,32 +20,63 @@ DEFAULT_EVICT_BELOW = -10.0
 
 
 def _evict_below(text: str) -> float | None:
+    """A threshold <= 0, or 'none': the FPA / FoX bias is <= 0 (0 at the newest key), so a
+    threshold above 0 would evict every key."""
+    expected = ("expected a number <= 0 or 'none' (the FPA/FoX bias is <= 0, so a threshold "
+                "above 0 would evict every key)")
     if text.lower() == "none":
         return None
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number or 'none', got {text!r}") from None
-    if value != value or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a number below +inf or 'none', got {text!r}")
+        raise argparse.ArgumentTypeError(f"{expected}, got {text!r}") from None
+    if not value <= 0:          # NaN too
+        raise argparse.ArgumentTypeError(f"{expected}, got {text}")
     return value
+
+
+def _float_in(low: float, high: float, *, low_open: bool = False):
+    """argparse type: a float in [low, high] ((low, high] with low_open; high = inf: any finite
+    float above low), else a one-line refusal naming the range."""
+    if high == float("inf"):
+        expected = f"a finite number {'>' if low_open else '>='} {low:g}"
+    else:
+        expected = f"a number in {'(' if low_open else '['}{low:g}, {high:g}]"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = float("nan")
+        above = low < value if low_open else low <= value
+        if not (above and (value < high if high == float("inf") else value <= high)):
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text}")
+        return value
+    return parse
 
 
 def add_generate_command(commands: Any) -> None:
     """Register `generate RUN --prompt TEXT [...]`."""
+    from train.cli import _int_at_least
+
     text = "sample text from a run's checkpoint (prefill + cached decoding, streamed)"
     sub = commands.add_parser("generate", help=text, description=text)
     sub.add_argument("run_dir")
     sub.add_argument("--prompt", required=True, help="text to continue (at least one token)")
-    sub.add_argument("--max-new-tokens", type=int, default=128)
-    sub.add_argument("--temperature", type=float, default=1.0, help="0: greedy")
-    sub.add_argument("--top-k", type=int, default=0, help="0: no top-k cut")
-    sub.add_argument("--top-p", type=float, default=1.0, help="1: no nucleus cut")
-    sub.add_argument("--seed", type=int, default=0)
-    sub.add_argument("--batch", type=int, default=1, help="samples of the same prompt")
+    sub.add_argument("--max-new-tokens", type=_int_at_least(1), default=128,
+                     help="tokens to sample, >= 1 (default: %(default)s)")
+    sub.add_argument("--temperature", type=_float_in(0.0, float("inf")),
+                     default=1.0, help=">= 0, 0: greedy (default: %(default)s)")
+    sub.add_argument("--top-k", type=_int_at_least(0), default=0,
+                     help="keep the k likeliest tokens, 0: no top-k cut (default: %(default)s)")
+    sub.add_argument("--top-p", type=_float_in(0.0, 1.0, low_open=True), default=1.0,
+                     help="nucleus in (0, 1], 1: no nucleus cut (default: %(default)s)")
+    sub.add_argument("--seed", type=int, default=0, help="sampling seed (default: %(default)s)")
+    sub.add_argument("--batch", type=_int_at_least(1), default=1,
+                     help="samples of the same prompt, >= 1 (default: %(default)s)")
     sub.add_argument("--evict-below", type=_evict_below, default=DEFAULT_EVICT_BELOW,
-                     help="evict FPA/FoX keys whose bias fell below this (default -10); "
-                          "'none' keeps every key")
+                     help="evict FPA/FoX keys whose bias fell below this, a number <= 0; "
+                          "'none' keeps every key (default: %(default)s)")
     sub.add_argument("--step", type=int, help="checkpoint step (default: the newest)")
     sub.set_defaults(handler=command_generate)
 
@@ -91,14 +124,6 @@ def command_generate(args) -> int:
 
     if not Path(args.run_dir).is_dir():
         raise UserError(f"{args.run_dir}: run directory does not exist")
-    for name, value, ok in (("--max-new-tokens", args.max_new_tokens, args.max_new_tokens >= 1),
-                            ("--batch", args.batch, args.batch >= 1),
-                            ("--top-k", args.top_k, args.top_k >= 0),
-                            ("--top-p", args.top_p, 0.0 < args.top_p <= 1.0),
-                            ("--temperature", args.temperature,
-                             0.0 <= args.temperature < float("inf"))):
-        if not ok:
-            raise UserError(f"{name}: out of range, got {value}")
     if not args.prompt:
         raise UserError("--prompt: empty; give some text to continue")
 
@@ -124,6 +149,8 @@ def command_generate(args) -> int:
     streamer = _Streamer(tokenizer, stop_token)
     print(f"step {loaded.step} of {args.run_dir} ({config.name}), evict_below="
           f"{args.evict_below}", file=sys.stderr, flush=True)
+    if args.batch > 1:
+        sys.stdout.write("--- sample 0\n")
     sys.stdout.write(args.prompt)
     result = generator.generate(np.repeat(prompt[None], args.batch, axis=0), args.max_new_tokens,
                                 seed=args.seed, on_tokens=streamer, stop_token=stop_token)

@@ -67,9 +67,11 @@ def add_long_arguments(sub: argparse.ArgumentParser) -> None:
                        help="context lengths in tokens (default: 1,2,4,8 x the training length)")
     group.add_argument("--depths", type=_depth_list, default=DEFAULT_DEPTHS,
                        help="needle depths in [0, 1] (default: 0,0.25,0.5,0.75,1)")
-    group.add_argument("--samples", type=positive, default=20, help="samples per cell")
+    group.add_argument("--samples", type=positive, default=20,
+                       help="samples per cell (default: %(default)s)")
     group.add_argument("--tasks", type=_task_list, help="subset of the retrieval tasks")
-    group.add_argument("--seed", type=_seed, default=0, help="seed of the samples (>= 0)")
+    group.add_argument("--seed", type=_seed, default=0,
+                       help="seed of the samples, >= 0 (default: %(default)s)")
 
 
 def run_long_suite(args) -> int:
