@@ -24,7 +24,7 @@ valid: s <= t and doc(s) == doc(t). Bias modes (static):
                   mass = sum over pieces of mass_piece exp(-(min_piece - R)/tau)
 
 FPA's field terms take one of three paths per off-diagonal tile (level psi_s; `_share_path`,
-from per-block bounds): no dead pair (nothing to add), separable (the pieces' weights relative
+from per-block bounds): no dead pair (a plain softmax tile: no bias, no field work), separable (the pieces' weights relative
 to one tile minimum r: exponentials per key and per query, one division per pair) or
 row-referenced (weights relative to m_t = min(G, C_t) and one exponential of -|m_t - A_s| per
 pair; exact for any spread). Diagonal tiles and query levels take the exact per-level shares.
@@ -301,6 +301,12 @@ class _Tile:
             logits = cfg.scale * scores if bias is None else cfg.scale * scores + bias
         return logits, extra
 
+    def unbiased_logits(self, scores):
+        """scale <q, k> without a bias (zeros without content)."""
+        if scores is None:
+            return _zeros(self.shape, plgpu.Layout.WGMMA)
+        return self.cfg.scale * scores
+
     def probs(self, logits, mask):
         p = jnp.exp(logits - self.row("lse"))
         return p if mask is None else jnp.where(mask, p, 0.0)
@@ -397,9 +403,9 @@ def _add_gap_total(gap_s, i, n, total):
 def _dkv_field_terms(cfg, tile, ds, mask, extra, diagonal, path, r, diag, gap, col_acc,
                      add_gap):
     """FPA's key-side sums of one tile into col_acc = (dpsi?, dbeta, share per level):
-    path 0 / 1 / 2 of `_share_path` off the diagonal (none, separable, row-referenced),
-    the exact per-level shares on it and with query levels. add_gap(total) takes the tile's
-    gap share."""
+    paths 1 / 2 of `_share_path` off the diagonal (separable, row-referenced; path 0 tiles run
+    as plain softmax tiles and never get here), the exact per-level shares on it and with query
+    levels. add_gap(total) takes the tile's gap share."""
     levels, tau = cfg.diag_levels, cfg.tau
     rows, cols = tile.rows, tile.cols
     gap_min, gap_mass = gap
@@ -455,7 +461,7 @@ def _dkv_field_terms(cfg, tile, ds, mask, extra, diagonal, path, r, diag, gap, c
 
     if diagonal or not cfg.separable:
         return exact(col_acc)
-    return lax.switch(path, (lambda c: c, separable, row_referenced), col_acc)
+    return lax.cond(path == 1, separable, row_referenced, col_acc)  # path 0: no field work
 
 
 def dkv_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
@@ -528,14 +534,17 @@ def dkv_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
                 plgpu.barrier_wait(bars.at[index + slot])
             rows = _Vectors(rowp_s.at[slot], row_names, axis=1)
 
-            def compute(state):
+            def compute(state, field_work=True):
                 dk, dv, col_acc = state
                 tile = _Tile(cfg, 1, rows, cols, beta)
                 scores = None
                 if cfg.content:
                     scores = _matmul(k_s, q_s.at[slot].transpose((1, 0)), (n, n))
-                logits, extra = tile.logits_and_bias(scores, diagonal, diag_rows, diag_cols,
-                                                     gap_min)
+                if field_work:
+                    logits, extra = tile.logits_and_bias(scores, diagonal, diag_rows, diag_cols,
+                                                         gap_min)
+                else:  # no dead pair: the bias is 0
+                    logits, extra = tile.unbiased_logits(scores), None
                 mask = tile.mask(diagonal)
                 p = tile.probs(logits, mask)
                 dv = dv + _matmul_lhs(cfg, p, p_s, do_s.at[slot], (n, head_dim))
@@ -546,7 +555,7 @@ def dkv_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
                 col_acc = list(col_acc)
                 if cfg.mode == "separable":
                     col_acc[0] = col_acc[0] - tile.sum_over_queries(ds)
-                elif fpa:
+                elif fpa and field_work:
                     col_acc = _dkv_field_terms(cfg, tile, ds, mask, extra, diagonal, path, r,
                                                (diag_rows, diag_cols), (gap_min, gap_mass),
                                                tuple(col_acc), functools.partial(
@@ -556,11 +565,15 @@ def dkv_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
             r = path = None
             if cfg.separable and not diagonal:
                 r, path = _share_path(cfg, rows, cols, gap_min)
+            run = compute
+            if path is not None:  # path 0: a plain softmax tile
+                run = lambda s: lax.cond(path == 0, functools.partial(compute, field_work=False),
+                                         compute, s)
             if diagonal or not cfg.prunes:
-                state = compute(state)
+                state = run(state)
             else:
                 skip = _skip_tile(cfg, rows, cols, gap_min, beta)
-                state = lax.cond(skip, lambda s: s, compute, state)
+                state = lax.cond(skip, lambda s: s, run, state)
             if fpa and not diagonal:
                 gap_min, gap_mass = _gap_update(gap_min, gap_mass, rows.scalar("bmin"),
                                                 rows.scalar("bmass"), cfg.tau)
@@ -662,7 +675,7 @@ def _dq_field_terms(cfg, tile, p, ds, mask, extra, diagonal, path, r, diag, gap,
 
     if diagonal or not cfg.separable:
         return exact(row_acc)
-    return lax.switch(path, (lambda c: c, separable, row_referenced), row_acc)
+    return lax.cond(path == 1, separable, row_referenced, row_acc)  # path 0: no field work
 
 
 def dq_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
@@ -727,14 +740,17 @@ def dq_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
                 plgpu.barrier_wait(bars.at[index + slot])
             cols = _Vectors(colp_s.at[slot], col_names, axis=1)
 
-            def compute(state):
+            def compute(state, field_work=True):
                 dq, row_acc = state
                 tile = _Tile(cfg, 0, rows, cols, beta)
                 scores = None
                 if cfg.content:
                     scores = _matmul(q_s, k_s.at[slot].transpose((1, 0)), (n, n))
-                logits, extra = tile.logits_and_bias(scores, diagonal, diag_rows, diag_cols,
-                                                     gap_min)
+                if field_work:
+                    logits, extra = tile.logits_and_bias(scores, diagonal, diag_rows, diag_cols,
+                                                         gap_min)
+                else:  # no dead pair: the bias is 0
+                    logits, extra = tile.unbiased_logits(scores), None
                 mask = tile.mask(diagonal)
                 p = tile.probs(logits, mask)
                 dp = _matmul(do_s, v_s.at[slot].transpose((1, 0)), (n, n))
@@ -746,19 +762,24 @@ def dq_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
                     row_acc[0] = row_acc[0] + tile.sum_over_keys(ds)
                 elif fpa:
                     row_acc[-2] = row_acc[-2] + tile.sum_over_keys(ds)
-                    row_acc = _dq_field_terms(cfg, tile, p, ds, mask, extra, diagonal, path, r,
-                                              (diag_rows, diag_cols), (gap_min, gap_mass),
-                                              tuple(row_acc))
+                    if field_work:
+                        row_acc = _dq_field_terms(cfg, tile, p, ds, mask, extra, diagonal,
+                                                  path, r, (diag_rows, diag_cols),
+                                                  (gap_min, gap_mass), tuple(row_acc))
                 return dq, tuple(row_acc)
 
             r = path = None
             if cfg.separable and not diagonal:
                 r, path = _share_path(cfg, rows, cols, gap_min)
+            run = compute
+            if path is not None:  # path 0: a plain softmax tile
+                run = lambda s: lax.cond(path == 0, functools.partial(compute, field_work=False),
+                                         compute, s)
             if diagonal or not cfg.prunes:
-                state = compute(state)
+                state = run(state)
             else:
                 skip = _skip_tile(cfg, rows, cols, gap_min, beta)
-                state = lax.cond(skip, lambda s: s, compute, state)
+                state = lax.cond(skip, lambda s: s, run, state)
             if fpa and not diagonal:
                 gap_min, gap_mass = _gap_update(gap_min, gap_mass, cols.scalar("bmin"),
                                                 cols.scalar("bmass"), cfg.tau)
