@@ -294,7 +294,9 @@ class _Tile:
             if diagonal:
                 dead = dead & (self.s_local < self.t_local)
             bias = self.beta * jnp.where(dead, gap, 0.0)
-            extra = dict(range_min=range_min, gap=gap, dead=dead)
+            # only the bias stays live over the matmuls: dead = bias < 0 (beta > 0), and
+            # [dead] (R - level) = bias / beta; the diagonal's exact shares also need R
+            extra = dict(bias=bias, range_min=range_min if diagonal else None)
         if scores is None:
             logits = bias
         else:
@@ -311,11 +313,11 @@ class _Tile:
         p = jnp.exp(logits - self.row("lse"))
         return p if mask is None else jnp.where(mask, p, 0.0)
 
-    def dead_coef(self, ds, mask, extra):
-        """(dead mask, coef = beta [dead] dS, dbeta terms [dead] (R - level) dS) [n, n]."""
-        dead = extra["dead"] if mask is None else extra["dead"] & mask
-        return (dead, jnp.where(dead, self.beta * ds, 0.0),
-                jnp.where(dead, extra["gap"] * ds, 0.0))
+    def dead_coef(self, ds, extra):
+        """(coef / beta = [dead] dS, bias dS = beta [dead] (R - level) dS) [n, n]. Masked pairs
+        have dS = 0; the callers apply beta and 1 / beta to the sums."""
+        bias = extra["bias"]
+        return jnp.where(bias < 0.0, ds, 0.0), bias * ds
 
     def exact_shares(self, coef, extra, diagonal, side, diag_rows, diag_cols, gap_min, gap_mass):
         """Per-pair soft-min shares, summed at once: ([one vector per piece], gap vector).
@@ -329,6 +331,8 @@ class _Tile:
         """
         tau = self.cfg.tau
         range_min = extra["range_min"]
+        if range_min is None:
+            range_min = self.fpa_range_min(False, diag_rows, diag_cols, gap_min)
         reduce = self.sum_over_queries if side == "key" else self.sum_over_keys
         if diagonal:  # each pair s < t lies in one level: select its pieces, then sum by level
             masks = self.level_masks()
@@ -400,53 +404,52 @@ def _add_gap_total(gap_s, i, n, total):
                   + jnp.where(lanes == lax.rem(i, n), total, 0.0))
 
 
-def _dkv_field_terms(cfg, tile, ds, mask, extra, diagonal, path, r, diag, gap, col_acc,
+def _dkv_field_terms(cfg, tile, ds, extra, diagonal, path, r, diag, gap, col_acc,
                      add_gap):
     """FPA's key-side sums of one tile into col_acc = (dpsi?, dbeta, share per level):
     paths 1 / 2 of `_share_path` off the diagonal (separable, row-referenced; path 0 tiles run
     as plain softmax tiles and never get here), the exact per-level shares on it and with query
     levels. add_gap(total) takes the tile's gap share."""
-    levels, tau = cfg.diag_levels, cfg.tau
+    levels, tau, beta = cfg.diag_levels, cfg.tau, tile.beta
     rows, cols = tile.rows, tile.cols
     gap_min, gap_mass = gap
     block_share = (1 if cfg.query_level else 2) + levels
 
-    def common(col_acc, coef, dbeta):
+    def common(col_acc):
+        """(col_acc with d level, d beta added, coef / beta)."""
+        coef, bias_ds = tile.dead_coef(ds, extra)
         col_acc = list(col_acc)
         at = 0
         if not cfg.query_level:
-            col_acc[0] = col_acc[0] - tile.sum_over_queries(coef)
+            col_acc[0] = col_acc[0] - beta * tile.sum_over_queries(coef)
             at = 1
-        col_acc[at] = col_acc[at] + tile.sum_over_queries(dbeta)
-        return col_acc
+        col_acc[at] = col_acc[at] + tile.sum_over_queries(bias_ds) * (1.0 / beta)
+        return col_acc, coef
 
     def exact(col_acc):
-        _, coef, dbeta = tile.dead_coef(ds, mask, extra)
-        col_acc = common(col_acc, coef, dbeta)
+        col_acc, coef = common(col_acc)
         sums, gap_sum = tile.exact_shares(coef, extra, diagonal, "key", *diag, gap_min, gap_mass)
         first = block_share - levels if diagonal else block_share
         for offset, total in enumerate(sums):
-            col_acc[first + offset] = col_acc[first + offset] + total
+            col_acc[first + offset] = col_acc[first + offset] + beta * total
         if gap_sum is not None:
-            add_gap(jnp.sum(gap_sum))
+            add_gap(beta * jnp.sum(gap_sum))
         return tuple(col_acc)
 
     def separable(col_acc):
-        _, coef, dbeta = tile.dead_coef(ds, mask, extra)
-        col_acc = common(col_acc, coef, dbeta)
+        col_acc, coef = common(col_acc)
         w_key = _decay(cols.vec("suf_min") - r, tau)
         w_query = _decay(rows.vec("pre_min") - r, tau)
         w_gap = jnp.exp((gap_min - r) * (-1.0 / tau))
         base = tile.separable_base(coef, cols.vec("suf_mass") * w_key,
                                    rows.vec("pre_mass") * w_query + gap_mass * w_gap)
-        per_key = tile.sum_over_queries(base)
+        per_key = beta * tile.sum_over_queries(base)
         col_acc[block_share] = col_acc[block_share] + w_key * per_key
         add_gap(w_gap * jnp.sum(per_key))
         return tuple(col_acc)
 
     def row_referenced(col_acc):
-        _, coef, dbeta = tile.dead_coef(ds, mask, extra)
-        col_acc = common(col_acc, coef, dbeta)
+        col_acc, coef = common(col_acc)
         pre = rows.vec("pre_min")
         query_min = jnp.minimum(pre, gap_min)
         w_gap = _decay(gap_min - query_min, tau)
@@ -454,9 +457,9 @@ def _dkv_field_terms(cfg, tile, ds, mask, extra, diagonal, path, r, diag, gap, c
             coef, query_min, rows.vec("pre_mass") * _decay(pre - query_min, tau)
             + gap_mass * w_gap)
         col_acc[block_share] = (col_acc[block_share]
-                                + tile.sum_over_queries(base * key_weight))
+                                + beta * tile.sum_over_queries(base * key_weight))
         gap_share = base * query_factor * lax.broadcast_in_dim(w_gap, tile.shape, [tile.qa])
-        add_gap(jnp.sum(tile.sum_over_queries(gap_share)))
+        add_gap(beta * jnp.sum(tile.sum_over_queries(gap_share)))
         return tuple(col_acc)
 
     if diagonal or not cfg.separable:
@@ -556,7 +559,7 @@ def dkv_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
                 if cfg.mode == "separable":
                     col_acc[0] = col_acc[0] - tile.sum_over_queries(ds)
                 elif fpa and field_work:
-                    col_acc = _dkv_field_terms(cfg, tile, ds, mask, extra, diagonal, path, r,
+                    col_acc = _dkv_field_terms(cfg, tile, ds, extra, diagonal, path, r,
                                                (diag_rows, diag_cols), (gap_min, gap_mass),
                                                tuple(col_acc), functools.partial(
                                                    _add_gap_total, gap_s, i, n))
@@ -625,44 +628,43 @@ def dkv_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
     )(q, k, v, dout, rowp, colp, rowd, cold, beta)
 
 
-def _dq_field_terms(cfg, tile, p, ds, mask, extra, diagonal, path, r, diag, gap, row_acc):
+def _dq_field_terms(cfg, tile, p, ds, extra, diagonal, path, r, diag, gap, row_acc):
     """FPA's query-side sums of one tile into row_acc = (dpsi?, share per level, dsum, pgap)
     (dsum is added by the caller): the paths of `_dkv_field_terms`."""
-    levels, tau = cfg.diag_levels, cfg.tau
+    levels, tau, beta = cfg.diag_levels, cfg.tau, tile.beta
     rows, cols = tile.rows, tile.cols
     gap_min, gap_mass = gap
     block_share = (1 if cfg.query_level else 0) + levels
 
-    def common(row_acc, dead, coef):
+    def common(row_acc):
+        """(row_acc with pgap and, with query levels, d level added, coef / beta)."""
+        coef, _ = tile.dead_coef(ds, extra)
         row_acc = list(row_acc)
-        row_acc[-1] = row_acc[-1] + tile.sum_over_keys(jnp.where(dead, p * extra["gap"], 0.0))
+        row_acc[-1] = row_acc[-1] + tile.sum_over_keys(p * extra["bias"]) * (1.0 / beta)
         if cfg.query_level:
-            row_acc[0] = row_acc[0] - tile.sum_over_keys(coef)
-        return row_acc
+            row_acc[0] = row_acc[0] - beta * tile.sum_over_keys(coef)
+        return row_acc, coef
 
     def exact(row_acc):
-        dead, coef, _ = tile.dead_coef(ds, mask, extra)
-        row_acc = common(row_acc, dead, coef)
+        row_acc, coef = common(row_acc)
         sums, _ = tile.exact_shares(coef, extra, diagonal, "query", *diag, gap_min, gap_mass)
         first = block_share - levels if diagonal else block_share
         for offset, total in enumerate(sums):
-            row_acc[first + offset] = row_acc[first + offset] + total
+            row_acc[first + offset] = row_acc[first + offset] + beta * total
         return tuple(row_acc)
 
     def separable(row_acc):
-        dead, coef, _ = tile.dead_coef(ds, mask, extra)
-        row_acc = common(row_acc, dead, coef)
+        row_acc, coef = common(row_acc)
         w_query = _decay(rows.vec("pre_min") - r, tau)
         w_gap = jnp.exp((gap_min - r) * (-1.0 / tau))
         base = tile.separable_base(
             coef, cols.vec("suf_mass") * _decay(cols.vec("suf_min") - r, tau) + gap_mass * w_gap,
             rows.vec("pre_mass") * w_query)
-        row_acc[block_share] = row_acc[block_share] + w_query * tile.sum_over_keys(base)
+        row_acc[block_share] = row_acc[block_share] + (beta * w_query) * tile.sum_over_keys(base)
         return tuple(row_acc)
 
     def row_referenced(row_acc):
-        dead, coef, _ = tile.dead_coef(ds, mask, extra)
-        row_acc = common(row_acc, dead, coef)
+        row_acc, coef = common(row_acc)
         pre = rows.vec("pre_min")
         query_min = jnp.minimum(pre, gap_min)
         w_query = _decay(pre - query_min, tau)
@@ -670,7 +672,7 @@ def _dq_field_terms(cfg, tile, p, ds, mask, extra, diagonal, path, r, diag, gap,
             coef, query_min,
             rows.vec("pre_mass") * w_query + gap_mass * _decay(gap_min - query_min, tau))
         row_acc[block_share] = (row_acc[block_share]
-                                + w_query * tile.sum_over_keys(base * query_factor))
+                                + (beta * w_query) * tile.sum_over_keys(base * query_factor))
         return tuple(row_acc)
 
     if diagonal or not cfg.separable:
@@ -763,7 +765,7 @@ def dq_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
                 elif fpa:
                     row_acc[-2] = row_acc[-2] + tile.sum_over_keys(ds)
                     if field_work:
-                        row_acc = _dq_field_terms(cfg, tile, p, ds, mask, extra, diagonal,
+                        row_acc = _dq_field_terms(cfg, tile, p, ds, extra, diagonal,
                                                   path, r, (diag_rows, diag_cols),
                                                   (gap_min, gap_mass), tuple(row_acc))
                 return dq, tuple(row_acc)
