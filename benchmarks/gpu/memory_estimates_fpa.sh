@@ -1,4 +1,4 @@
-# Second H200 call for issue 11 item 3: FPA's estimate vs the allocator peak, and an
+# One H200 call: FPA's memory estimate vs the allocator peak, and an
 # unrefused out-of-memory case (the refusal switched off) to see XLA's error mapped to one line.
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1

@@ -1,5 +1,5 @@
-# One H200 call: issue 16's bf16 gradient precision (with fla's FoX kernel as the anchor) and
-# issue 11's memory estimate against the allocator peak. Run from the repo root with the wheels
+# One H200 call: bf16 gradient precision (with fla's FoX kernel as the anchor) and the
+# memory estimate against the allocator peak. Run from the repo root with the wheels
 # of grain, array_record, tensorboardX, fla-core and flash-linear-attention in .whl/.
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
