@@ -6,7 +6,7 @@ For softmax, FoX and FPA at (B, T, H, D) = (4, 4096, 12, 64) bf16 (and T = 1000 
 documents): relative L2 error of every gradient against the op's "xla" implementation on the
 same bf16 inputs, for (a) "bwd": the kernel backward fed with the xla forward's out / lse,
 (b) "e2e": the public op with implementation="pallas" (kernel forward + backward). FoX's
-d log_forget is also compared with float32 from the same rounded inputs (issue 16: <= 5e-3).
+d log_forget is also compared with float32 from the same rounded inputs (the bar: <= 5e-3).
 Timings (median ms): kernel backward alone, its XLA pre/post passes, the two kernels with P and
 dS in shared memory (default) and in registers (lhs_in_registers), forward+backward of
 "pallas", "xla" and (softmax) cuDNN. --small: tiny float32 shapes in the GPU interpreter.

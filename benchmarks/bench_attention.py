@@ -1,4 +1,4 @@
-"""Attention kernels (issue 9) against their anchors, JAX and PyTorch, in one command.
+"""Attention kernels against their anchors, JAX and PyTorch, in one command.
 
     python benchmarks/bench_attention.py --device gpu [--json out.json] [--no-xla]
         [--memory-lengths 16384,65536]

@@ -1,4 +1,4 @@
-"""Mosaic GPU attention kernels (issue 9) on a Hopper GPU: compile + correctness checks, then
+"""Mosaic GPU attention kernels on a Hopper GPU: compile + correctness checks, then
 timings against cuDNN and the "xla" paths, with achieved TFLOP/s and pruned tiles.
 
     python benchmarks/bench_attention_kernels.py [--shape B,T,H,D ...] [--kernel-only] [--out DIR]

@@ -13,7 +13,7 @@ ALiBi-free causal softmax, FPA (walk step and offsets of random scale, beta in [
 PyTorch, CUDA and flash-linear-attention importable, also fla's Triton FoX kernel
 (`parallel_forgetting_attn`) on the same rounded numbers as the anchor. The table gives, per
 op, implementation and shape, the largest rel over the seeds for the output and each gradient,
-and whether all stay within BOUND = 5e-3 (issue 16's bar; bf16 carries 8 mantissa bits).
+and whether all stay within BOUND = 5e-3 (the project's bar; bf16 carries 8 mantissa bits).
 """
 
 import argparse

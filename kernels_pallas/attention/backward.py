@@ -11,7 +11,7 @@ segment_ids [B, T] int or None (contiguous documents). bias is one of bias.py's
     SeparableBias(row, col)   b_ts = row_t - col_s     -> (d row, d col), each [B, T, H] float32
     FPABias(phi, psi, beta, tau, query_level, content) -> (dphi, dpsi [B, T, H], dbeta [H])
 
-FPA's dbeta is centred per row (backward_kernels.py: the rows' error of delta cancels; issue 16)
+FPA's dbeta is centred per row (backward_kernels.py: the rows' error of delta cancels)
 and delta should come from the float32 out (vjp.py saves it). FPA's dphi is the
 straight-through soft-minimum gradient of fpa_jax/fpa/xla_vjp.py with every exponent
 relative to a local hard minimum (backward_fields.py): the kernels (backward_kernels.py)

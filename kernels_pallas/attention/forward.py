@@ -22,7 +22,7 @@ with bias_bound an upper bound of b_ts over the tile (forward_kernel.py lists it
 Every logit of a skipped tile then lies more than `margin` below its row's diagonal logit, so
 all skipped tiles together carry less than T e^-margin = e^-10 (4.5e-5) of any row's mass.
 float32_out=True also returns out in float32 before its rounding to q's dtype (the FPA backward
-takes Delta_t = <dout_t, out_t> from it: issue 16, fpa_jax/fpa/xla_vjp.py).
+takes Delta_t = <dout_t, out_t> from it: fpa_jax/fpa/xla_vjp.py).
 stats (return_stats=True): {"pruned_tiles": pruned off-diagonal tiles, "tiles": visited
 off-diagonal tiles}, both float32 scalars summed over batch and heads.
 

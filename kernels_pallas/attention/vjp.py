@@ -10,12 +10,12 @@ Signatures follow notes/API.md "Dispatch". q, k, v [B, T, H, D] bf16 / fp16 (flo
 the GPU interpreter), D in {64, 128}; out in q's dtype. The forward (forward.py) saves out and
 lse [B, H, T]; the backward (backward.py) recomputes the tiles. Bias gradients flow through
 plain JAX around the custom VJP: FoX's row = col = cumsum(log_forget) (d log_forget is the
-reverse cumulative sum of d row + d col, both sums of the same float32 dS, issue 16). FPA and
+reverse cumulative sum of d row + d col, both sums of the same float32 dS). FPA and
 the separable biases (FoX, ALiBi) save the output in float32 as the residual, so that
 Delta_t = <dout_t, out_t> carries no rounding of out: d log_forget_u sums dS over the pairs
 s < u <= t, where a per-row error e_t of Delta enters as e_t sum_{s<u} P_ts and does not
 cancel (relative error of d log_forget at (1, 200, 2, 64), gates sigmoid(5 + N(0, 1)), four
-draws: 1.4e-3 .. 4.6e-3 from the bf16 out, 1.2e-3 .. 2.5e-3 from the float32 one; issue 16).
+draws: 1.4e-3 .. 4.6e-3 from the bf16 out, 1.2e-3 .. 2.5e-3 from the float32 one).
 The residual costs 4 bytes per output element instead of 2. The FPA backward also centres
 dbeta per row (backward_kernels.py). ALiBi's
 row = col = -slope * t (d slope from them). block_size is a tuning knob of the "xla" paths; the

@@ -1,4 +1,4 @@
-"""Accuracy bar of issue 10 on the GPU: the "pallas" op's bf16 output and gradients, and fla's
+"""The bf16 accuracy bar on the GPU: the "pallas" op's bf16 output and gradients, and fla's
 `chunk_gated_delta_rule` on the same bf16 inputs, each against a float32 recurrence ("xla"
 chunked form at HIGHEST matmul precision on the upcast inputs).
 
