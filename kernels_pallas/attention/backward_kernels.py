@@ -19,8 +19,8 @@ valid: s <= t and doc(s) == doc(t). Bias modes (static):
                   pgap_t = sum_s P_ts [dead] (R - level), so that backward.py can centre
                   d beta per row: sum_t dsum_t pgap_t is subtracted (dsum_t is 0 in exact
                   arithmetic; in bf16 it carries the row's error of delta_t, which then
-                  cancels out of d beta, docs/benchmarks.md "bf16 gradient precision");  soft-min shares of coef per piece:
-                  share = coef / mass,
+                  cancels out of d beta; docs/benchmarks.md "bf16 gradient precision");
+                  soft-min shares of coef per piece: share = coef / mass,
                   mass = sum over pieces of mass_piece exp(-(min_piece - R)/tau)
 
 FPA's field terms take one of three paths per off-diagonal tile (level psi_s; `_share_path`,
