@@ -748,6 +748,14 @@ class Checkpointer:
             raise ValueError(f"step: {step} not among the checkpoints {self.all_steps()}")
         return self._restore_step(step, abstract_state, data_iterator, ignore_saved)
 
+    def read_record(self, step: int) -> dict[str, Any]:
+        """The JSON record of `step` alone (no arrays are read); UnreadableCheckpointError if
+        it cannot be read."""
+        restored, problem = self._read(step, {"record": ocp.args.JsonRestore()})
+        if problem is not None:
+            raise UnreadableCheckpointError(problem)
+        return restored["record"]
+
     def _read(self, step: int, items: Mapping[str, Any]) -> tuple[Any, str | None]:
         """(the restored Composite, None), or (None, a one-line gist of what failed); the
         full error is logged at INFO (-v)."""

@@ -14,9 +14,19 @@ A curriculum (configs/stages/NAME.yaml):
     stage i runs in OUT/<name_i> with cpt.reference = OUT/<name_{i-1}> (stage 1: `reference`),
     i.e. it starts from the previous stage's final checkpoint and shifts relative to it
     (l_ref = that stage's seq_len). Every stage's config is loaded and checked before anything
-    runs. Running the curriculum again skips finished stages (a checkpoint at train.steps),
-    resumes an interrupted one (its marker says the shift is applied: not again) and goes on.
-    --stage NAME runs that stage only; its reference must be finished, else refused.
+    runs. Running the curriculum again skips finished stages (a checkpoint at train.steps and
+    the eval of that step recorded), resumes an interrupted one (its marker says the shift is
+    applied: not again; one stopped right after its last step only runs its final eval) and
+    goes on. --stage NAME runs that stage only; its reference must be finished, else refused.
+    Each stage's summary is printed as soon as it is done (a signal before the next stage
+    cannot lose it); a finished stage's line names its final eval loss.
+
+    The chain must stay one chain: before anything runs, a stage directory is refused (one
+    `error:` line, nothing changed) when it ran past its train.steps, or when it was started
+    from a step of its reference other than the one the chain now extends (its marker's
+    reference_step vs cpt.reference_step, else the reference's final step: the previous
+    stage's train.steps, or the curriculum reference's). E.g. `train.steps=8` after a chain
+    ran at 6: stage 1 would grow to 8 under a stage 2 made from its step 6. Use another --out.
 
 `cpt.reference` and `train.run_dir` are set by the runner, so they may not appear in overrides.
 """
@@ -150,14 +160,91 @@ def target_length(config: Config) -> int:
     return config.cpt.l_tar or config.data.seq_len
 
 
+def final_eval(planned: PlannedStage) -> dict[str, Any] | None:
+    """The eval record of the stage's final step (train.steps), None if there is none (a
+    signal after the last step saves the final checkpoint but stops before this eval)."""
+    from train.metrics import MetricsFileError, read_metrics
+
+    try:
+        records = read_metrics(planned.run_dir)
+    except (FileNotFoundError, MetricsFileError):   # the stage's own run reports a damage
+        return None
+    return next((r for r in records
+                 if r["kind"] == "eval" and r["step"] == planned.config.train.steps), None)
+
+
 def finished(planned: PlannedStage) -> bool:
-    return planned.config.train.steps in checkpoint_steps(planned.run_dir)
+    """Its final checkpoint (train.steps) exists and the eval of that step is recorded."""
+    return (planned.config.train.steps in checkpoint_steps(planned.run_dir)
+            and final_eval(planned) is not None)
+
+
+def _started_from(run_dir: Path) -> int | None:
+    """The reference step that a stage's SpectralShift marker records (newest readable
+    checkpoint record); None if none says (the stage's own run reports unreadable ones)."""
+    from train.checkpoint import Checkpointer, UnreadableCheckpointError
+    from train.cpt import applied_markers
+    from train.runs import checkpoint_dir
+
+    checkpointer = Checkpointer(checkpoint_dir(run_dir), read_only=True)
+    try:
+        for step in reversed(checkpointer.all_steps()):
+            try:
+                markers = applied_markers(checkpointer.read_record(step))
+            except UnreadableCheckpointError:
+                continue
+            return markers[-1].get("reference_step") if markers else None
+        return None
+    finally:
+        checkpointer.close()
+
+
+def check_chain(planned: list[PlannedStage]) -> None:
+    """Refuses (RunSetupError) a stage directory that would leave the chain mixed (module doc):
+    checkpoints past its train.steps, or a start from another step of its reference than the
+    one the chain now extends. Reads checkpoint records only; changes nothing."""
+    from train.cpt import load_reference
+    from train.fit import RunSetupError
+
+    advice = "use another --out directory for the changed chain"
+    for index, stage in enumerate(planned):
+        steps = checkpoint_steps(stage.run_dir)
+        if not steps:
+            continue
+        name, end = stage.stage.name, stage.config.train.steps
+        if steps[-1] > end:
+            raise RunSetupError(
+                f"stage {name!r} already ran to step {steps[-1]} ({stage.run_dir}), past its "
+                f"train.steps={end}; {advice}, or keep train.steps={steps[-1]}")
+        started = _started_from(stage.run_dir)
+        if started is None:
+            continue
+        if index:
+            what = f"stage {planned[index - 1].stage.name!r}"
+            final = planned[index - 1].config.train.steps
+        else:
+            what = f"the curriculum's reference ({stage.reference})"
+            try:
+                final = load_reference(stage.reference)[0].train.steps
+            except (RunSetupError, OSError, ValueError):
+                continue        # the stage's own run refuses a reference that is not usable
+        wanted = stage.config.cpt.reference_step or final
+        if started != wanted:
+            now = (f"cpt.reference_step is now {wanted}" if stage.config.cpt.reference_step
+                   else f"{what} now ends at step {wanted} (its train.steps)")
+            raise RunSetupError(
+                f"stage {name!r} was started from {what} at step {started}, but {now}; "
+                f"continuing would mix the two chains: {advice}, or keep {what} at step "
+                f"{started}")
 
 
 def run_curriculum(curriculum: Curriculum, out_dir: str | Path, *, overrides: tuple[str, ...] = (),
-                   reference: str | None = None, only: str | None = None, report=print):
+                   reference: str | None = None, only: str | None = None, report=print,
+                   summarize=None):
     """Run the stages in order (or only `only`); returns [(stage name, FitResult or None if it
-    was already finished)] up to the first stage stopped by a signal (result.preempted)."""
+    was already finished)] up to the first stage stopped by a signal (result.preempted).
+    `summarize(planned stage, result)` is called as soon as each stage that ran returns.
+    Refuses a chain that a run would leave mixed before anything runs (check_chain)."""
     from train.cpt import continued_pretraining, load_reference, reference_checkpoint_step
     from train.fit import RunSetupError
 
@@ -165,13 +252,14 @@ def run_curriculum(curriculum: Curriculum, out_dir: str | Path, *, overrides: tu
     names = [p.stage.name for p in planned]
     if only is not None and only not in names:
         raise ConfigError(f"--stage {only!r}: no such stage in {curriculum.name} (stages: {names})")
+    check_chain(planned)
     results = []
     for index, stage in enumerate(planned):
         if only is not None and stage.stage.name != only:
             continue
         if finished(stage):
             report(f"stage {stage.stage.name}: finished ({stage.run_dir}, step "
-                   f"{stage.config.train.steps})")
+                   f"{stage.config.train.steps}, eval loss {final_eval(stage)['loss']:.4f})")
             results.append((stage.stage.name, None))
             continue
         if not checkpoint_steps(stage.run_dir):
@@ -181,13 +269,22 @@ def run_curriculum(curriculum: Curriculum, out_dir: str | Path, *, overrides: tu
                 reference_checkpoint_step(stage.reference, reference_config,
                                           stage.config.cpt.reference_step)
             except RunSetupError as error:
+                hint = "" if index else "; --reference names the run stage 1 extends"
                 raise RunSetupError(f"stage {stage.stage.name!r} extends {what} "
-                                    f"({stage.reference}), which is not usable: {error}") from None
-        report(f"stage {stage.stage.name}: {'resuming' if checkpoint_steps(stage.run_dir) else 'new'} "
-               f"run in {stage.run_dir} (reference {stage.reference}, seq_len "
-               f"{stage.config.data.seq_len})")
+                                    f"({stage.reference}), which is not usable: {error}{hint}"
+                                    ) from None
+        steps = checkpoint_steps(stage.run_dir)
+        if stage.config.train.steps in steps:
+            report(f"stage {stage.stage.name}: completing its final eval ({stage.run_dir}, step "
+                   f"{stage.config.train.steps}: a signal stopped the run before it)")
+        else:
+            report(f"stage {stage.stage.name}: {'resuming' if steps else 'new'} run in "
+                   f"{stage.run_dir} (reference {stage.reference}, seq_len "
+                   f"{stage.config.data.seq_len})")
         result = continued_pretraining(stage.config, stage.run_dir)
         results.append((stage.stage.name, result))
+        if summarize is not None:
+            summarize(stage, result)
         if result.preempted:
             break
     return results
@@ -217,15 +314,13 @@ def command_stages(args) -> int:
     out_dir = Path(args.out) if args.out else default_out_dir(curriculum)
     plan(curriculum, out_dir, tuple(args.overrides), args.reference)   # config errors first
     _start_jax()
+
+    def summarize(stage: PlannedStage, result) -> None:
+        print(f"stage {stage.stage.name}:\n{_fit_summary(result, stage.config)}", flush=True)
+
     results = run_curriculum(curriculum, out_dir, overrides=tuple(args.overrides),
                              reference=args.reference, only=args.stage,
-                             report=lambda line: print(line, flush=True))
-    planned = {p.stage.name: p for p in plan(curriculum, out_dir, tuple(args.overrides),
-                                             args.reference)}
-    for name, result in results:
-        if result is not None:
-            print(f"stage {name}:")
-            print(_fit_summary(result, planned[name].config))
+                             report=lambda line: print(line, flush=True), summarize=summarize)
     if results and results[-1][1] is not None and results[-1][1].preempted:
         return EXIT_PREEMPTED
     return 0
