@@ -401,7 +401,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--step", type=int, help="checkpoint step (default: the newest readable; "
                                               "an unreadable requested step is an error)")
     sub.add_argument("--out", help="JSON output (default: RUN_DIR/eval-step<N>-len<L>.json); "
-                                   "--suite long: a directory (default RUN_DIR/long-eval-step<N>)")
+                                   "--suite long: a directory (default: one per setting, "
+                                   "RUN_DIR/long-eval-step<N>-<tasks>-len<lengths>[-depths..]"
+                                   "[-samples..][-seed..][-batches..]); long-eval files "
+                                   "already there are replaced, with a note")
     from train.long_eval_cli import add_long_arguments
 
     add_long_arguments(sub)

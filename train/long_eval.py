@@ -9,15 +9,17 @@ held-out loss beyond the training length (`python -m train eval RUN --suite long
                 equal buckets of document position (train/evaluate.py on the eval split)
 
 Output (out_dir): long_eval.json (the returned dict), long_eval_<task>.png (depth x length
-heatmap per task) and long_eval_position_loss.png.
+heatmap per task) and long_eval_position_loss.png; the long-eval files of an earlier run there
+are removed first, so the directory only ever holds one setting's results.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -25,6 +27,7 @@ import numpy as np
 
 from train.long_eval_tasks import (DEFAULT_DEPTHS, TASKS, answer_correct, check_tasks,
                                    make_sample)
+from train.metrics import format_duration
 
 DEFAULT_LENGTH_FACTORS = (1, 2, 4, 8)
 SCORING = ("teacher-forced exact match: every answer token is the argmax of the model's "
@@ -73,18 +76,19 @@ def haystack_tokens(config, tokenizer, min_tokens: int, seed: int) -> np.ndarray
 
 def retrieval_accuracy(predict, encode, haystack: np.ndarray, *, task: str,
                        lengths: Sequence[int], depths: Sequence[float], num_samples: int,
-                       seed: int, batch_size: int = 8) -> list[list[float | None]]:
-    """accuracy [depth][length] of `task`; predict(tokens int32 [B, L]) -> argmax ids [B, L]."""
+                       seed: int, batch_size: int = 8,
+                       on_length: Callable[[int, list], None] | None = None,
+                       ) -> list[list[float | None]]:
+    """accuracy [depth][length] of `task`; predict(tokens int32 [B, L]) -> argmax ids [B, L].
+    Length by length; on_length(length, [accuracy per depth]) after each."""
     task_index = TASKS.index(task)
-    accuracy = []
-    for depth in depths:
-        row = []
-        for length in lengths:     # a cell's samples depend on its own values only
+    accuracy: list[list[float | None]] = [[None] * len(lengths) for _ in depths]
+    for j, length in enumerate(lengths):
+        for i, depth in enumerate(depths):  # a cell's samples depend on its own values only
             rng = np.random.default_rng([seed, task_index, round(depth * 10**6), length])
             samples = [make_sample(task, encode, haystack, length, depth, rng)
                        for _ in range(num_samples)]
             if any(s is None for s in samples):     # too short for the fixed text
-                row.append(None)
                 continue
             correct = 0
             for start in range(0, num_samples, batch_size):
@@ -95,8 +99,9 @@ def retrieval_accuracy(predict, encode, haystack: np.ndarray, *, task: str,
                                                                - len(chunk), axis=0)])
                 predicted = np.asarray(predict(tokens))
                 correct += sum(answer_correct(p, s) for p, s in zip(predicted, chunk))
-            row.append(correct / num_samples)
-        accuracy.append(row)
+            accuracy[i][j] = correct / num_samples
+        if on_length is not None:
+            on_length(length, [row[j] for row in accuracy])
     return accuracy
 
 
@@ -106,12 +111,14 @@ def evaluate_long(run_dir: str | Path, *, step: int | None = None,
                   tasks: Sequence[str] = TASKS, num_samples: int = 20, seed: int = 0,
                   out_dir: str | Path | None = None, batch_size: int = 8,
                   position_factor: int = 4, position_buckets: int = 8,
-                  position_batches: int | None = None) -> dict[str, Any]:
+                  position_batches: int | None = None,
+                  progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Long-context suite of a run's newest (or `step`) checkpoint; see the module docstring.
 
     lengths: context lengths in tokens (default train_seq_len x 1, 2, 4, 8); depths: needle
     depths in [0, 1]; num_samples per cell; batch_size: sequences per forward pass;
-    position_batches: eval batches for the per-position loss (default train.eval_batches).
+    position_batches: eval batches for the per-position loss (default train.eval_batches);
+    progress(line): called before the work and after every (task, length) and the loss.
     Returns {task: {"lengths", "depths", "accuracy" [depth][length] (None: too short),
     "samples"}, "position_loss": {...}, "step", "train_seq_len", "scoring", "seed"} and, with
     out_dir, writes long_eval.json and the PNGs there.
@@ -142,12 +149,27 @@ def evaluate_long(run_dir: str | Path, *, step: int | None = None,
         with mesh_context(session.mesh):
             return jax.device_get(argmax_ids(params, jnp.asarray(tokens)))
 
+    report = progress or (lambda line: None)
+    started, done, total = time.perf_counter(), [0], len(tasks) * len(lengths)
+    report(f"long eval of {run_dir} at step {restored.step}: {len(tasks)} task(s) x "
+           f"{len(lengths)} length(s) x {len(depths)} depth(s) x {num_samples} sample(s)")
+
+    def length_done(task, length, accuracies):
+        done[0] += 1
+        scored = [a for a in accuracies if a is not None]
+        score = (f"accuracy {np.mean(scored):.2f} (mean over {len(scored)} depth(s))" if scored
+                 else "too short for the needles (-)")
+        report(f"long eval {done[0]}/{total}: {task} at {length} tokens: {score} | "
+               f"{format_duration(time.perf_counter() - started)}")
+
     haystack = haystack_tokens(config, tokenizer, 2 * max(lengths), seed)
     result: dict[str, Any] = {}
     for task in tasks:
-        accuracy = retrieval_accuracy(predict, tokenizer.encode, haystack, task=task,
-                                      lengths=lengths, depths=depths, num_samples=num_samples,
-                                      seed=seed, batch_size=batch_size)
+        accuracy = retrieval_accuracy(
+            predict, tokenizer.encode, haystack, task=task, lengths=lengths, depths=depths,
+            num_samples=num_samples, seed=seed, batch_size=batch_size,
+            on_length=lambda length, accuracies, task=task: length_done(task, length,
+                                                                        accuracies))
         result[task] = {"lengths": list(lengths), "depths": list(depths),
                         "accuracy": accuracy, "samples": num_samples}
 
@@ -156,9 +178,13 @@ def evaluate_long(run_dir: str | Path, *, step: int | None = None,
         train=dataclasses.replace(config.train, position_buckets=position_buckets))
     long_session = build_session(long_config, tokenizer.vocab_size, session.mesh)
     batches = iter(make_split_dataset(long_config, tokenizer, "eval"))
-    losses = evaluate(long_session, params, batches,
-                      position_batches or config.train.eval_batches)
+    num_batches = position_batches or config.train.eval_batches
+    report(f"long eval: per-position held-out loss at {long_config.data.seq_len} tokens "
+           f"({num_batches} batch(es))...")
+    losses = evaluate(long_session, params, batches, num_batches)
     result["position_loss"] = {"seq_len": long_config.data.seq_len, **losses}
+    report(f"long eval: loss {losses['loss']:.4f} at {long_config.data.seq_len} tokens | "
+           f"{format_duration(time.perf_counter() - started)}")
     result.update(step=restored.step, train_seq_len=train_seq_len, scoring=SCORING, seed=seed)
     if out_dir is not None:
         write_outputs(result, out_dir)
@@ -169,8 +195,16 @@ def task_names(result: dict[str, Any]) -> list[str]:
     return [t for t in TASKS if t in result]
 
 
+def earlier_outputs(out_dir: str | Path) -> list[Path]:
+    """The long-eval files already in out_dir: long_eval.json and long_eval_*.png."""
+    out = Path(out_dir)
+    return sorted(p for p in [out / "long_eval.json", *out.glob("long_eval_*.png")]
+                  if p.is_file())
+
+
 def write_outputs(result: dict[str, Any], out_dir: str | Path) -> list[Path]:
-    """long_eval.json, long_eval_<task>.png per task and long_eval_position_loss.png."""
+    """long_eval.json, long_eval_<task>.png per task and long_eval_position_loss.png, after
+    removing the earlier_outputs there (so no heatmap of another run's tasks stays behind)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -178,6 +212,8 @@ def write_outputs(result: dict[str, Any], out_dir: str | Path) -> list[Path]:
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    for stale in earlier_outputs(out):
+        stale.unlink()
     paths = [out / "long_eval.json"]
     paths[0].write_text(json.dumps(result, indent=1) + "\n")
     for task in task_names(result):

@@ -57,6 +57,14 @@ def format_rate(tokens_per_second: float) -> str:
     return f"{tokens_per_second:.0f}"
 
 
+def progress_line(text: str) -> None:
+    """One progress line on stderr, from process 0 only: what a command other than `fit`
+    (eval --suite long, probe, generate) reports while it works, as fit's messages are."""
+    if _is_writer():
+        sys.stderr.write(text + "\n")
+        sys.stderr.flush()
+
+
 class ProgressBar:
     """Redraws one status line (carriage return) when stderr is a terminal, else prints lines."""
 
