@@ -24,9 +24,10 @@ Exit codes:
     3    training diverged (non-finite loss or gradient norm, train.on_nonfinite=stop)
     75   stopped by SIGTERM/SIGINT after checkpointing: re-run the same command to resume
          (EX_TEMPFAIL: a scheduler should requeue); also SIGTERM before training started
-         (loading, restoring, compiling) or outside `fit`: nothing new was saved, re-running
-         continues from the last checkpoint
-    130  SIGINT (Ctrl-C) before training started, or outside `fit`
+         (loading, restoring, compiling) or outside `fit` (but `generate`): nothing new was
+         saved, re-running continues from the last checkpoint
+    130  SIGINT (Ctrl-C) before training started, or outside `fit`; SIGTERM to `generate`
+         (nothing to resume or requeue)
 -v prints the traceback before the `error:` line and keeps these codes. argparse refusals are
 one line too (`error: python -m train eval: argument --seq-len: ...`); key=value overrides may
 follow options. A genuine bug is not caught: Python prints its traceback and exits 1.
@@ -52,6 +53,7 @@ EXIT_ERROR = 1
 EXIT_USAGE = 2
 EXIT_DIVERGED = 3
 EXIT_PREEMPTED = 75
+EXIT_INTERRUPTED = 130
 MAIN_PRESET = "tiny_fpa"
 
 
@@ -472,6 +474,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 _RESUMABLE_COMMANDS = ("fit", "cpt", "main", "stages")
+_UNQUEUED_COMMANDS = ("generate",)     # SIGTERM: EXIT_INTERRUPTED, a requeue would redo it
 
 
 def _reported(args, line: str, code: int) -> int:
@@ -498,6 +501,9 @@ def main(argv: list[str] | None = None) -> int:
             return args.handler(args)
     except Terminated:
         resumable = args.command in _RESUMABLE_COMMANDS
+        if args.command in _UNQUEUED_COMMANDS:
+            return _reported(args, "error: stopped by SIGTERM (nothing to resume)",
+                             EXIT_INTERRUPTED)
         return _reported(args, "error: stopped by SIGTERM" + (
             " before anything new was checkpointed; re-run the same command to continue"
             if resumable else ""), EXIT_PREEMPTED)
@@ -509,7 +515,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         resumable = args.command in _RESUMABLE_COMMANDS
         return _reported(args, "error: interrupted" + (
-            " before the run could checkpoint" if resumable else ""), 130)
+            " before the run could checkpoint" if resumable else ""), EXIT_INTERRUPTED)
     except Exception as error:
         from train.fit import DivergenceError, RunSetupError
         from train.metrics import MetricsFileError

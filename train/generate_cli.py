@@ -7,7 +7,10 @@ newest, or --step), prefills the prompt (B copies, each sampled on its own), str
 text to stdout as it is decoded (the other rows follow at the end; with B > 1 every sample
 starts with a line `--- sample i`), then prints one line: tokens, tokens/s and the attention
 caches' live keys and slots. Out-of-range values are argparse refusals naming the valid range
-(exit 2).
+(exit 2). On stderr: the checkpoint line; a `warning:` line when the prompt plus
+--max-new-tokens exceeds LONG_CONTEXT_FACTOR x the run's data.seq_len (untested lengths; it
+names the attention caches' size at that length); a line before and after a prefill of
+LONG_PREFILL_TOKENS or more prompt tokens. SIGTERM or Ctrl-C exits 130: nothing resumes.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ import sys
 from typing import Any
 
 DEFAULT_EVICT_BELOW = -10.0
+LONG_CONTEXT_FACTOR = 4         # prompt + new tokens beyond this x data.seq_len: a warning
+LONG_PREFILL_TOKENS = 512       # prompts this long get a line before and after their prefill
 
 
 def _evict_below(text: str) -> float | None:
@@ -112,6 +117,33 @@ class _Streamer:
         self._print(self.tokenizer.decode(self.ids))
 
 
+def _long_context_warning(config, batch: int, prompt_tokens: int, new_tokens: int) -> str | None:
+    """The `warning:` line for a generation far beyond the training length, else None. The
+    cache size: keys and values of every attention layer at the power of two of slots that
+    holds every token (train/generate/driver.py; eviction can keep it smaller)."""
+    import jax.numpy as jnp
+
+    from train.generate.driver import planned_capacity
+
+    total, trained = prompt_tokens + new_tokens, config.data.seq_len
+    if total <= LONG_CONTEXT_FACTOR * trained:
+        return None
+    layers = config.layer_kinds().count("attention")
+    if layers:
+        a = config.attention
+        slots = planned_capacity(total, 0, headroom=0, fresh=True)
+        size = (layers * batch * slots * a.num_heads * 2 * a.head_dim
+                * jnp.dtype(config.model.dtype).itemsize)
+        caches = (f"the attention caches grow to up to {slots} slots per head in {layers} "
+                  f"layer(s), about {size / 2**20:,.1f} MiB of keys and values for {batch} "
+                  f"row(s) (less where eviction frees slots)")
+    else:
+        caches = "the GatedDeltaNet state stays its fixed size"
+    return (f"warning: prompt ({prompt_tokens} tokens) + --max-new-tokens {new_tokens} = "
+            f"{total} tokens, more than {LONG_CONTEXT_FACTOR}x the length this model was "
+            f"trained at (data.seq_len={trained}): quality there is untested; {caches}")
+
+
 def _text(tokenizer, row, stop_token) -> str:
     row = list(row)
     return tokenizer.decode(row[:row.index(stop_token)] if stop_token in row else row)
@@ -149,11 +181,25 @@ def command_generate(args) -> int:
     streamer = _Streamer(tokenizer, stop_token)
     print(f"step {loaded.step} of {args.run_dir} ({config.name}), evict_below="
           f"{args.evict_below}", file=sys.stderr, flush=True)
-    if args.batch > 1:
-        sys.stdout.write("--- sample 0\n")
-    sys.stdout.write(args.prompt)
+    warning = _long_context_warning(config, args.batch, prompt.size, args.max_new_tokens)
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
+    long_prefill = prompt.size >= LONG_PREFILL_TOKENS
+    if long_prefill:
+        print(f"prefilling the {prompt.size}-token prompt ({args.batch} row(s))...",
+              file=sys.stderr, flush=True)
+
+    def prefilled(seconds: float) -> None:
+        if long_prefill:
+            print(f"prefilled in {seconds:.2f} s (compilation included); decoding "
+                  f"{args.max_new_tokens} tokens", file=sys.stderr, flush=True)
+        if args.batch > 1:
+            sys.stdout.write("--- sample 0\n")
+        sys.stdout.write(args.prompt)
+
     result = generator.generate(np.repeat(prompt[None], args.batch, axis=0), args.max_new_tokens,
-                                seed=args.seed, on_tokens=streamer, stop_token=stop_token)
+                                seed=args.seed, on_tokens=streamer, stop_token=stop_token,
+                                on_prefilled=prefilled)
     streamer.flush()
     sys.stdout.write("\n")
     for index, row in enumerate(result.tokens[1:], start=1):

@@ -148,9 +148,11 @@ class Generator:
 
     def generate(self, prompt: np.ndarray, max_new_tokens: int, seed: int = 0,
                  on_tokens: Callable[[np.ndarray], None] | None = None,
-                 stop_token: int | None = None) -> Generation:
+                 stop_token: int | None = None,
+                 on_prefilled: Callable[[float], None] | None = None) -> Generation:
         """prompt [B, T] int (T >= 1) -> Generation with up to max_new_tokens new tokens per
-        row (fewer once every row has produced `stop_token`)."""
+        row (fewer once every row has produced `stop_token`). on_prefilled(seconds) is called
+        once the prompt is prefilled, before on_tokens sees the first new tokens."""
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens: expected an int >= 1, got {max_new_tokens}")
         key = jax.random.PRNGKey(seed)
@@ -158,6 +160,8 @@ class Generator:
         token, caches, live = self.prefill(prompt, key)
         new = [np.asarray(token)]
         prefill_seconds = time.perf_counter() - first
+        if on_prefilled:
+            on_prefilled(prefill_seconds)
         if on_tokens:
             on_tokens(new[-1])
         decode_seconds, timed_steps = 0.0, 0

@@ -9,7 +9,8 @@ among the methods, else the first method) must be one of the methods: a referenc
 run is refused, since no p-value could be computed. A mistake prints one `error:` line and
 exits 2. `python -m train probe list` prints the tasks, their sizes and the methods;
 `probe --help` the keys and their defaults, `probe TASK --help` one task's (both generated from
-ProbeConfig, TASKS and the generators' signatures).
+ProbeConfig, TASKS and the generators' signatures). While it trains, a line on stderr before and
+after each method (its seeds train at once, in one vmapped program).
 """
 
 from __future__ import annotations
@@ -164,6 +165,7 @@ def parse_arguments(argv: list[str]):
 
 
 def main(argv: list[str]) -> int:
+    from train.metrics import progress_line
     from train.probes.model import METHODS
     from train.probes.report import format_table, write_outputs
     from train.probes.runner import run_probe
@@ -188,7 +190,8 @@ def main(argv: list[str]) -> int:
     try:
         task, methods, reference, out, config, sizes = parse_arguments(argv)
         start = time.perf_counter()
-        result = run_probe(task, methods, config, sizes, reference=reference)
+        result = run_probe(task, methods, config, sizes, reference=reference,
+                           progress=progress_line)
     except (ValueError, TypeError) as error:
         print(f"error: probe: {' '.join(str(error).split())}", file=sys.stderr)
         return 2

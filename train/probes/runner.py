@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import flax.linen as nn
@@ -148,11 +149,12 @@ def train_seeds(method: str, task: str, sizes: dict, config: ProbeConfig) -> dic
 
 
 def run_probe(task: str, methods: list[str], config: ProbeConfig, sizes: dict | None = None,
-              reference: str = "fpa") -> dict:
+              reference: str = "fpa", progress: Callable[[str], None] | None = None) -> dict:
     """Every method on `task`; successes, Fisher p-values of `reference` vs each other method.
 
     Returns a JSON-ready dict: task, sizes, threshold, config, and per method successes,
     seeds, final accuracies, curves and wall seconds; "fisher" maps method -> p-value.
+    progress(line): called before and after each method (its seeds train at once).
     """
     if task not in TASKS:
         raise ValueError(f"task must be one of {sorted(TASKS)}, got {task!r}")
@@ -162,10 +164,17 @@ def run_probe(task: str, methods: list[str], config: ProbeConfig, sizes: dict | 
         check_method(method)
     sizes = resolve_sizes(task, sizes)
     threshold = TASKS[task].threshold
+    report = progress or (lambda line: None)
     results = {}
-    for method in methods:
+    for index, method in enumerate(methods, start=1):
+        report(f"probe {task} {index}/{len(methods)}: training {method} on {config.seeds} "
+               f"seeds at once ({config.first_seed}..{config.first_seed + config.seeds - 1}), "
+               f"{config.steps} steps...")
         run = train_seeds(method, task, sizes, config)
         final = run["accuracy"][:, -1]
+        report(f"probe {task} {index}/{len(methods)}: {method}: "
+               f"{int(np.sum(final > threshold))}/{config.seeds} seeds above {threshold} "
+               f"(mean final accuracy {float(np.mean(final)):.3f}) | {run['seconds']:.1f} s")
         results[method] = {
             "successes": int(np.sum(final > threshold)),
             "seeds": config.seeds,

@@ -1,0 +1,88 @@
+"""Long commands say what they are doing on stderr: `probe` a line before and after each
+method, `generate` a line before and after a long prefill and one `warning:` line when the
+prompt plus the new tokens reach far beyond the training length (with the cache size). And
+`generate` stopped by SIGTERM exits 130 (nothing resumes), not 75 (requeue)."""
+
+import os
+import signal
+
+import numpy as np
+import pytest
+
+from tests.train.tiny_run import TINY, write_corpus
+
+
+def stderr_lines(capsys):
+    return capsys.readouterr().err.splitlines()
+
+
+def test_probe_prints_a_line_before_and_after_each_method(monkeypatch, tmp_path, capsys):
+    from train.cli import main
+    from train.probes import runner
+
+    def train_seeds(method, task, sizes, config):    # the training itself is not under test
+        accuracy = np.full((config.seeds, 2), 0.5 if method == "fox" else 1.0, np.float32)
+        return {"seeds": list(range(config.seeds)), "loss": np.zeros_like(accuracy),
+                "accuracy": accuracy, "seconds": 0.25}
+
+    monkeypatch.setattr(runner, "train_seeds", train_seeds)
+    assert main(["probe", "ladder", "methods=fpa,fox", "seeds=3", "steps=2", "eval_every=1",
+                 f"out={tmp_path / 'probe'}"]) == 0
+    lines = [line for line in stderr_lines(capsys) if line.startswith("probe ladder")]
+    assert len(lines) == 4, lines
+    assert lines[0].startswith("probe ladder 1/2: training fpa on 3 seeds")
+    assert "2 steps" in lines[0]
+    assert lines[1].startswith("probe ladder 1/2: fpa: 3/3 seeds above 0.95")
+    assert lines[2].startswith("probe ladder 2/2: training fox")
+    assert lines[3].startswith("probe ladder 2/2: fox: 0/3 seeds above 0.95")
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    from train.cli import main
+
+    root = tmp_path_factory.mktemp("progress")
+    corpus = root / "corpus"
+    corpus.mkdir()
+    write_corpus(corpus, seed=41)
+    run_dir = root / "run"
+    assert main(["fit", "tiny_softmax", *TINY, "train.steps=2", "train.tensorboard=false",
+                 f"data.source={corpus}", "--run-dir", str(run_dir)]) == 0
+    return run_dir
+
+
+def test_generate_reports_a_long_prefill_and_warns_far_beyond_the_training_length(
+        run_dir, capsys):
+    from train.cli import main
+
+    capsys.readouterr()
+    base = ["generate", str(run_dir), "--max-new-tokens", "2", "--temperature", "0"]
+    assert main([*base, "--prompt", "x" * 600]) == 0                   # trained at 16 tokens
+    lines = stderr_lines(capsys)
+    assert lines[1].startswith("warning: prompt (600 tokens) + --max-new-tokens 2 = 602 "
+                               "tokens"), lines
+    # 1 softmax layer, 2 heads of 8, float32, 1024 slots: 1024 * 2 * 2 * 8 * 4 bytes = 0.125 MiB
+    assert "data.seq_len=16" in lines[1] and "1024 slots per head in 1 layer(s)" in lines[1]
+    assert "about 0.1 MiB" in lines[1]
+    assert lines[2] == "prefilling the 600-token prompt (1 row(s))..."
+    assert lines[3].startswith("prefilled in ") and len(lines) == 4, lines
+
+    assert main([*base, "--prompt", "def", "--max-new-tokens", "62"]) == 0   # 65 > 4 x 16
+    lines = stderr_lines(capsys)
+    assert len(lines) == 2 and lines[1].startswith("warning: prompt (3 tokens)"), lines
+    assert main([*base, "--prompt", "def", "--max-new-tokens", "61"]) == 0   # 64: fine
+    assert len(stderr_lines(capsys)) == 1
+
+
+def test_generate_stopped_by_sigterm_exits_130(run_dir, capsys, monkeypatch):
+    from train.cli import main
+    from train.generate.driver import Generator
+
+    def terminated(self, *args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(Generator, "generate", terminated)
+    previous = signal.getsignal(signal.SIGTERM)
+    assert main(["generate", str(run_dir), "--prompt", "def"]) == 130
+    assert stderr_lines(capsys)[-1] == "error: stopped by SIGTERM (nothing to resume)"
+    assert signal.getsignal(signal.SIGTERM) is previous
