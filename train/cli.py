@@ -259,6 +259,11 @@ def command_prepare(args) -> int:
                                           max_documents=args.max_documents)
     except (ValueError, FileExistsError) as error:
         raise UserError(str(error)) from error
+    if args.vocab_size and tokenizer.vocab_size < args.vocab_size:
+        print(f"note: the tokenizer has {tokenizer.vocab_size} entries, fewer than --vocab-size "
+              f"{args.vocab_size}: BPE adds a merge only for a pair of adjacent tokens seen at "
+              f"least twice, and the text had no more such pairs (more text gives more)",
+              file=sys.stderr, flush=True)
     print(f"wrote {len(shards)} shards and the tokenizer ({tokenizer!r}) to {out}\n"
           f"use: data.source=arrayrecord:{out} data.tokenizer={out / 'tokenizer'}")
     return 0

@@ -20,11 +20,18 @@ refused here, not when the model is traced.
 
 Layer pattern: `model.pattern` is a string over {A, G} (A = the configured attention variant,
 G = GatedDeltaNet) whose length divides `model.num_layers`; it is tiled to one letter per layer.
+
+Warm-up of a shorter run: the cosine schedule needs optim.warmup_steps < train.steps. When an
+override lowers train.steps to or below the preset's warm-up and optim.warmup_steps is not
+overridden too, the warm-up keeps the preset's share of the run,
+warmup = preset warmup * steps // preset steps, and a `note:` line on stderr says so; an
+explicit optim.warmup_steps >= train.steps is refused naming both keys.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import sys
 import types
 import typing
 from pathlib import Path
@@ -311,7 +318,32 @@ def load_config(path_or_name: str | None, overrides: typing.Sequence[str] = ()) 
         raw = load_preset(path_or_name).to_dict()
     if not overrides:
         return config_from_dict(raw)
-    return config_from_dict(apply_overrides(raw, overrides))
+    return config_from_dict(_warmup_within_steps(raw, apply_overrides(raw, overrides),
+                                                 overrides))
+
+
+def _warmup_within_steps(preset: dict[str, Any], merged: dict[str, Any],
+                         overrides: typing.Sequence[str]) -> dict[str, Any]:
+    """`merged` with the preset's warm-up scaled to an overridden train.steps it would not fit
+    (module docstring), with a note; unchanged otherwise."""
+    keys = {item.partition("=")[0].strip() for item in overrides}
+    if "train.steps" not in keys or "optim.warmup_steps" in keys:
+        return merged
+    optim, train = OptimConfig(), TrainConfig()
+    preset_warmup = preset.get("optim", {}).get("warmup_steps", optim.warmup_steps)
+    preset_steps = preset.get("train", {}).get("steps", train.steps)
+    steps = merged.get("train", {}).get("steps")
+    schedule = merged.get("optim", {}).get("schedule", optim.schedule)
+    if (schedule != "cosine" or isinstance(steps, bool) or not isinstance(steps, int)
+            or steps < 1 or preset_warmup < steps):
+        return merged
+    warmup = preset_warmup * steps // preset_steps
+    print(f"note: optim.warmup_steps={preset_warmup} of the preset is not below train.steps="
+          f"{steps}: scaled down to {warmup}, the preset's share of the run ({preset_warmup} "
+          f"of {preset_steps} steps); set optim.warmup_steps to choose", file=sys.stderr,
+          flush=True)
+    merged["optim"] = {**merged.get("optim", {}), "warmup_steps": warmup}
+    return merged
 
 
 def apply_overrides(raw: dict[str, Any], overrides: typing.Sequence[str]) -> dict[str, Any]:
@@ -524,7 +556,8 @@ def validate(config: Config) -> None:
              "optim.b1, optim.b2 and optim.momentum must be in [0, 1)")
     _require(o.schedule == "constant" or o.warmup_steps < t.steps,
              f"optim.warmup_steps={o.warmup_steps} must be < train.steps={t.steps} "
-             "for the cosine schedule")
+             "for the cosine schedule; lower optim.warmup_steps (0: no warm-up) or use "
+             "optim.schedule=constant")
 
     if mesh.context > 1:
         validate_context_parallel(config)

@@ -20,6 +20,8 @@
                   reparameterize, scale_lr, positions}
     resumed run   its checkpoint's last marker must be this stage's (then it does not shift
                   again); a run directory without it is refused
+    stderr        a fresh run says in one line what it did: s, l_ref -> l_tar, k, mode, the
+                  reference and its step, the alpha learning rate (spectral_shift_line)
 
 A staged extension (train/stages.py) is a chain of such runs, each naming the previous one as
 its reference. Everything else is `fit` (train/fit.py), adapted through its hooks.
@@ -38,6 +40,7 @@ from gdn_jax.spectral_shift import spectral_shift, spectralshift_scale
 from train.checkpoint import RestoredCheckpoint
 from train.config import Config, ConfigError, config_from_dict
 from train.fit import FitHooks, FitResult, RunSetupError, fit
+from train.metrics import progress_line
 from train.runs import checkpoint_steps, load_run, restore_run_state
 from train.session import Session, build_session
 from train.tokenizer import Tokenizer, load_tokenizer
@@ -170,6 +173,7 @@ def continued_pretraining(config: Config, run_dir: str | Path) -> FitResult:
         _check_same_parameters(params, session.abstract_state["params"], c.reference)
         if c.reparameterize:
             params = spectral_shift(params, s=s, mode=c.mode)
+        progress_line(spectral_shift_line(marker))
         return params, {MARKERS_KEY: applied_markers(restored.record) + [marker]}
 
     def resume(restored: RestoredCheckpoint) -> dict[str, Any]:
@@ -181,6 +185,19 @@ def continued_pretraining(config: Config, run_dir: str | Path) -> FitResult:
         return {**(restored.record.get("extra") or {}), MARKERS_KEY: markers}
 
     return fit(config, run_dir, hooks=FitHooks(initial=initial, resume=resume))
+
+
+def spectral_shift_line(marker: dict[str, Any]) -> str:
+    """One line on what a stage's marker records: s from l_ref -> l_tar, the reparameterisation
+    (or that it is off), the reference checkpoint and the alpha learning rate."""
+    l_ref, l_tar, s = marker["l_ref"], marker["l_tar"], marker["s"]
+    what = (f"W_alpha <- mu + s (W_alpha - mu) ({marker['mode']} mode)"
+            if marker["reparameterize"] else "weights unchanged (cpt.reparameterize=false)")
+    lr = (f"alpha learning rate x {s:.4g}" if marker["scale_lr"]
+          else "alpha learning rate unscaled (cpt.scale_lr=false)")
+    return (f"SpectralShift: l_ref {l_ref} -> l_tar {l_tar}, s = ({l_ref} / {l_tar}) ** "
+            f"{marker['k']:g} = {s:.4g}; {what} on {marker['reference']} step "
+            f"{marker['reference_step']}; {lr}")
 
 
 def _same_stage(a: dict[str, Any], b: dict[str, Any]) -> bool:

@@ -2,13 +2,18 @@
 
 Prints M_slow, H_slow and mean E_write per distance (a column per run) and writes spectra.json
 and PNGs to --out (default RUN/spectra-step<N>). With --compare both runs see the same needle
-inputs (those built from RUN's held-out text), so the columns differ only by the weights.
+inputs (those built from RUN's held-out text), so the columns differ only by the weights. The
+summary table fits TABLE_WIDTH columns (for paths of ordinary length): a row per run, the
+files written named once by their directory and wrapped.
 """
 
 from __future__ import annotations
 
 import argparse
+import textwrap
 from pathlib import Path
+
+TABLE_WIDTH = 100
 
 
 def add_spectra_command(commands) -> None:
@@ -61,11 +66,26 @@ def command_spectra(args: argparse.Namespace) -> int:
         firsts.append(other_first)
     out = Path(args.out) if args.out else Path(args.run_dir) / f"spectra-step{summary['step']}"
     written = write_report(results, firsts, out)
-    rows = [("run", " | ".join(f"{r['run']} (step {r['step']})" for r in results))]
-    for index, distance in enumerate(summary["distances"]):
-        rows.append((f"ell={distance}: M_slow / H_slow / E_write", " | ".join(
-            f"{r['m_slow'][index]:.1f} / {r['h_slow'][index]:.1f} of {r['layer_heads']} / "
-            f"{r['e_write_mean'][index]:.3f}" for r in results)))
-    rows.append(("written", ", ".join(str(p) for p in written)))
-    print(format_table(rows))
+    print(format_table(summary_rows(results, written)))
     return 0
+
+
+def summary_rows(results: list[dict], written: list[Path]) -> list[tuple[str, str]]:
+    """The summary table's rows: the runs, M_slow / H_slow / E_write per distance (one column
+    per run), and the written files under their directory, wrapped to TABLE_WIDTH."""
+    names = ["run", "compare"][:len(results)]
+    heads = " | ".join(dict.fromkeys(str(r["layer_heads"]) for r in results))
+    rows = [(name, f"{r['run']} (step {r['step']})") for name, r in zip(names, results)]
+    rows.append(("per distance", f"M_slow / H_slow of {heads} layer-heads / E_write"
+                 + (f": {' | '.join(names)}" if len(results) > 1 else "")))
+    for index, distance in enumerate(results[0]["distances"]):
+        rows.append((f"ell={distance}", " | ".join(
+            f"{r['m_slow'][index]:.1f} / {r['h_slow'][index]:.1f} / "
+            f"{r['e_write_mean'][index]:.3f}" for r in results)))
+    directory = written[0].parent
+    files = [p.name if p.parent == directory else str(p) for p in written]
+    width = TABLE_WIDTH - 3 - max(len(key) for key, _ in rows)
+    rows.append(("written", f"{directory}/"))
+    rows += [("", line) for line in textwrap.wrap(", ".join(files), width=width,
+                                                  break_long_words=False)]
+    return rows
