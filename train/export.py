@@ -50,7 +50,7 @@ WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 GENERATION_CONFIG_FILE = "generation_config.json"
 README_FILE = "README.md"
-JAX_CONFIG_KEY = "fpa_gdn_jax_config"   # the full training config, for re-import
+JAX_CONFIG_KEY = "fpa_gdn_jax_config"   # the model's part of the training config, for re-import
 
 # flax leaf path below a layer's "mixer" -> (fla suffix below "attn.", kind)
 ATTENTION_NAMES = {
@@ -253,7 +253,8 @@ Written by `python -m train export` from {source}.
 
 - `model.safetensors`: weights ({dtype}), tensor names of flash-linear-attention's Hugging Face
   model classes (`fla.models`); `config.json`: its config (`model_type` = `{model_type}`).
-  `{jax_key}` in config.json keeps the full training config of this project.
+  `{jax_key}` in config.json keeps the part of this project's training config that defines
+  the model (model, mixer sections, trained context length), for re-import.
 {body}
 """
 
@@ -362,7 +363,7 @@ def export_params(params: Any, config: Config, vocab_size: int, out_dir: str | P
         raise ExportError(f"token_ids: unknown keys {unknown}; expected some of "
                           f"{list(SPECIAL_TOKEN_KEYS)}")
     fla.update(token_ids)
-    fla[JAX_CONFIG_KEY] = {"config": config.to_dict(), "vocab_size": vocab_size}
+    fla[JAX_CONFIG_KEY] = {"config": model_config_dict(config), "vocab_size": vocab_size}
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     write_safetensors(out_dir / WEIGHTS_FILE, tensors, metadata={"format": "pt"})
@@ -378,6 +379,18 @@ def export_params(params: Any, config: Config, vocab_size: int, out_dir: str | P
         model_type=model_type, source=source, dtype=fla["dtype"], jax_key=JAX_CONFIG_KEY,
         body=body) + _token_ids_note(token_ids))
     return out_dir
+
+
+def model_config_dict(config: Config) -> dict[str, Any]:
+    """The parts of the training config that define the model, as embedded in config.json
+    for re-import: the model section, the sections of the mixer kinds its layers use and the
+    trained context length (no data source, optimizer, mesh or schedule)."""
+    full = config.to_dict()
+    kinds = set(config.layer_kinds())
+    embedded = {"name": full["name"], "model": full["model"]}
+    embedded.update({kind: full[kind] for kind in ("attention", "gdn") if kind in kinds})
+    embedded["data"] = {"seq_len": config.data.seq_len}
+    return embedded
 
 
 def import_params(out_dir: str | Path, config: Config, template: Any) -> Any:
@@ -467,6 +480,7 @@ def export_run(run_dir: str | Path, out_dir: str | Path, *, format: str = "fla",
         shutil.copytree(tokenizer_dir, path / TOKENIZER_DIRNAME)
         with open(path / README_FILE, "a") as readme:
             readme.write(f"\n`{TOKENIZER_DIRNAME}/` is the run's tokenizer in this project's "
-                         f"format (`train.tokenizer.load_tokenizer`).\n")
+                         f"format (`train.tokenizer.load_tokenizer`); Hugging Face's "
+                         f"`AutoTokenizer` cannot load it.\n")
     return path, restored.step
 

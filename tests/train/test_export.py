@@ -339,3 +339,18 @@ def test_fla_convention_forward_matches_the_jax_model(name, tmp_path):
     expected = forward({"params": params}, tokens[None], np.ones((1, 11), np.int32))[0]
     np.testing.assert_allclose(fla_convention_logits(tmp_path, tokens), expected,
                                rtol=2e-4, atol=2e-4)
+
+
+def test_embedded_config_holds_only_what_defines_the_model(exported):
+    """config.json embeds the model's part of the training config (model, the mixer sections
+    its layers use, the trained length), not the data source, optimizer, mesh or schedule;
+    it still rebuilds the same config for the model."""
+    config, _, out, _ = exported
+    embedded = json.loads((out / export.CONFIG_FILE).read_text())[export.JAX_CONFIG_KEY]["config"]
+    kinds = set(config.layer_kinds())
+    assert set(embedded) == {"name", "model", "data"} | ({"attention", "gdn"} & kinds)
+    assert embedded["data"] == {"seq_len": config.data.seq_len}
+    restored, _, _ = export.load_export(out)
+    assert restored.model == config.model
+    for kind in kinds:
+        assert getattr(restored, kind) == getattr(config, kind)
