@@ -32,8 +32,8 @@ import jax.numpy as jnp
 
 from kernels_pallas.attention import backward_fields as fields
 from kernels_pallas.attention.bias import FPABias, NoBias, SeparableBias
-from kernels_pallas.attention.backward_kernels import (BIG, BLOCK, KernelConfig, dkv_kernel,
-                                                       dq_kernel)
+from kernels_pallas.attention.common import BIG, SUPPORTED_HEAD_DIMS
+from kernels_pallas.attention.backward_kernels import BLOCK, KernelConfig, dkv_kernel, dq_kernel
 from kernels_pallas.attention.forward import document_start_index, heads_major, pruning_margin
 from kernels_pallas.padding import pad_time
 
@@ -205,7 +205,6 @@ def finish(cfg, dkv_out, dq_out, field_state, length, beta_dtype=jnp.float32):
             (_to_bth(dphi, length), _to_bth(dpsi, length), dbeta.astype(beta_dtype)))
 
 
-SUPPORTED_HEAD_DIMS = (64, 128)
 
 
 def _check(q, k, v, out, lse, dout, bias, segment_ids, block):

@@ -29,15 +29,13 @@ with Lv = log2(n) + 1 (the last level is the block); gap_total [..., nb(i), nb(j
 import jax
 import jax.numpy as jnp
 
-BIG = 1e30
+from kernels_pallas.attention.common import BIG
+from kernels_pallas.attention.common import decay as _decay
+
 
 
 def num_levels(block):
     return block.bit_length()  # levels 0 .. log2(block)
-
-
-def _decay(excess, tau):
-    return jnp.exp(-jnp.maximum(excess, 0.0) / tau)
 
 
 def group_stats(phi, group, tau):

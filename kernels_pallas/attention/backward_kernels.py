@@ -50,7 +50,9 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-BIG = 1e30
+from kernels_pallas.attention.common import BIG
+from kernels_pallas.attention.common import decay as _decay
+
 BLOCK = 64
 # Largest spread (in units of tau) of the field pieces inside one off-diagonal tile for which
 # the soft-min weights are taken relative to one tile minimum (no weight underflows to 0).
@@ -137,11 +139,6 @@ class KernelConfig:
             levels = [f"share{level}" for level in range(self.diag_levels + 1)]
             return (["dpsi"] if self.query_level else []) + levels + ["dsum", "pgap"]
         return []
-
-
-def _decay(excess, tau):
-    """exp(-excess / tau) for excess >= 0 (clamped), with a multiply instead of a division."""
-    return jnp.exp(jnp.maximum(excess, 0.0) * (-1.0 / tau))
 
 
 def _smem_tile(rows, cols, dtype):

@@ -37,11 +37,11 @@ import jax
 import jax.numpy as jnp
 
 from kernels_pallas.attention.bias import FPABias, NoBias, SeparableBias
+from kernels_pallas.attention.common import BIG, SUPPORTED_HEAD_DIMS
 from kernels_pallas.interpret import interpret_active
 from kernels_pallas.padding import pad_time
-from kernels_pallas.attention.forward_kernel import BIG, BLOCK, LOG2E, ForwardConfig, forward_kernel
+from kernels_pallas.attention.forward_kernel import BLOCK, LOG2E, ForwardConfig, forward_kernel
 
-SUPPORTED_HEAD_DIMS = (64, 128)
 
 
 def pruning_margin(length: int) -> float:

@@ -50,7 +50,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-BIG = 1e30
+from kernels_pallas.attention.common import BIG
+
 BLOCK = 64
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)

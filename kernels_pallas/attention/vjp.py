@@ -40,11 +40,11 @@ import numpy as np
 
 from kernels_pallas.attention.backward import attention_backward
 from kernels_pallas.attention.bias import FPABias, NoBias, SeparableBias
+from kernels_pallas.attention.common import SUPPORTED_HEAD_DIMS
 from kernels_pallas.attention.forward import attention_forward
 from kernels_pallas.interpret import interpret_active
 from kernels_pallas.registry import is_hopper
 
-SUPPORTED_HEAD_DIMS = (64, 128)
 
 
 def _program(fn, static):
