@@ -9,7 +9,6 @@ import pytest
 
 from tests.seeds import case_seed
 from tests.train import tiny_run
-from tests.train.tiny_run import TINY
 from train.cli import build_parser, main
 
 
@@ -68,12 +67,7 @@ def test_generate_accepts_the_edges_of_the_ranges(tmp_path):
 
 
 def test_every_sample_of_a_batch_has_a_header(tmp_path, capsys):
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    tiny_run.write_corpus(corpus, seed=case_seed(3011), documents=6)
-    run_dir = tmp_path / "run"
-    assert main(["fit", "tiny_softmax", *TINY, f"data.source={corpus}", "train.steps=2",
-                 "train.tensorboard=false", "--run-dir", str(run_dir)]) == 0
+    run_dir = tiny_run.fit_tiny_run(tmp_path, seed=case_seed(3011), documents=6)
     capsys.readouterr()
     argv = ["generate", str(run_dir), "--prompt", "def", "--max-new-tokens", "3"]
     assert main([*argv, "--batch", "2"]) == 0

@@ -9,21 +9,14 @@ import pytest
 
 from tests.seeds import case_seed
 from tests.train import tiny_run
-from tests.train.tiny_run import TINY
 from train.cli import build_parser, main
 from train.tokenizer import ByteTokenizer
 
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
-    root = tmp_path_factory.mktemp("export_overwrite")
-    corpus = root / "corpus"
-    corpus.mkdir()
-    tiny_run.write_corpus(corpus, seed=case_seed(3001), documents=6)
-    run = root / "run"
-    assert main(["fit", "tiny_softmax", *TINY, f"data.source={corpus}", "train.steps=2",
-                 "train.tensorboard=false", "--run-dir", str(run)]) == 0
-    return run
+    return tiny_run.fit_tiny_run(tmp_path_factory.mktemp("export_overwrite"),
+                                 seed=case_seed(3001), documents=6)
 
 
 def one_error_line(capsys):

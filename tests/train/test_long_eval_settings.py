@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from tests.train.tiny_run import TINY, write_corpus
+from tests.train.tiny_run import fit_tiny_run
 from train.long_eval_tasks import TASKS
 
 # passkey fits in 110 byte tokens, the multi-needle tasks do not (their cells are "-"): cheap
@@ -18,16 +18,7 @@ SETTING = ["--suite", "long", "--lengths", "110,120", "--depths", "0", "--sample
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
-    from train.cli import main
-
-    root = tmp_path_factory.mktemp("long_settings")
-    corpus = root / "corpus"
-    corpus.mkdir()
-    write_corpus(corpus, seed=31)
-    run_dir = root / "run"
-    assert main(["fit", "tiny_softmax", *TINY, "train.steps=2", "train.tensorboard=false",
-                 f"data.source={corpus}", "--run-dir", str(run_dir)]) == 0
-    return run_dir
+    return fit_tiny_run(tmp_path_factory.mktemp("long_settings"), seed=31)
 
 
 def outputs(directory):

@@ -9,7 +9,7 @@ import signal
 import numpy as np
 import pytest
 
-from tests.train.tiny_run import TINY, write_corpus
+from tests.train.tiny_run import fit_tiny_run
 
 
 def stderr_lines(capsys):
@@ -39,16 +39,7 @@ def test_probe_prints_a_line_before_and_after_each_method(monkeypatch, tmp_path,
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
-    from train.cli import main
-
-    root = tmp_path_factory.mktemp("progress")
-    corpus = root / "corpus"
-    corpus.mkdir()
-    write_corpus(corpus, seed=41)
-    run_dir = root / "run"
-    assert main(["fit", "tiny_softmax", *TINY, "train.steps=2", "train.tensorboard=false",
-                 f"data.source={corpus}", "--run-dir", str(run_dir)]) == 0
-    return run_dir
+    return fit_tiny_run(tmp_path_factory.mktemp("progress"), seed=41)
 
 
 def test_generate_reports_a_long_prefill_and_warns_far_beyond_the_training_length(

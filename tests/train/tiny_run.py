@@ -21,3 +21,16 @@ def write_corpus(root: Path, seed: int, documents: int = 12) -> Path:
         (root / f"doc_{index:02d}.py").write_text(
             " ".join(rng.choice(WORDS, size=int(rng.integers(40, 120)))))
     return root
+
+
+def fit_tiny_run(root: Path, seed: int, documents: int = 12, steps: int = 2) -> Path:
+    """Train the tiny softmax LM for `steps` steps on a fresh corpus under root; the run dir."""
+    from train.cli import main
+
+    corpus = root / "corpus"
+    corpus.mkdir()
+    write_corpus(corpus, seed=seed, documents=documents)
+    run_dir = root / "run"
+    assert main(["fit", "tiny_softmax", *TINY, f"data.source={corpus}", f"train.steps={steps}",
+                 "train.tensorboard=false", "--run-dir", str(run_dir)]) == 0
+    return run_dir
