@@ -2,8 +2,8 @@
 `chunk_gated_delta_rule` on the same bf16 inputs, each against a float32 recurrence ("xla"
 chunked form at HIGHEST matmul precision on the upcast inputs).
 
-    python -m kernels_pallas.gated_delta.gpu_accuracy jax OUT.npz     # ours + the reference
-    python -m kernels_pallas.gated_delta.gpu_accuracy torch OUT.npz   # fla against the same
+    python -m benchmarks.gated_delta_gpu_accuracy jax OUT.npz     # ours + the reference
+    python -m benchmarks.gated_delta_gpu_accuracy torch OUT.npz   # fla against the same
 """
 
 import sys
@@ -21,7 +21,7 @@ def rel(a, b):
 def run_jax(path, shape=(2, 4096, 16, 128)):
     import jax
     import jax.numpy as jnp
-    from kernels_pallas.gated_delta import gpu_check
+    from benchmarks import gated_delta_gpu_check as gpu_check
     from kernels_pallas.gated_delta.chunked import chunked_forward_pallas
     from gdn_jax.ops.chunk import chunked_forward
     x = gpu_check.make_inputs(*shape, seed=7)

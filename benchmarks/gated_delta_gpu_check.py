@@ -1,6 +1,6 @@
-"""GPU check of the gated delta rule kernels (run on the H200 through the device tool).
+"""GPU check of the gated delta rule kernels (on a Hopper GPU).
 
-    python -m kernels_pallas.gated_delta.gpu_check [--json OUT.json] [--parts kernels,xla,op]
+    python -m benchmarks.gated_delta_gpu_check [--json OUT.json] [--parts kernels,xla,op]
 
 kernels: compile the two state kernels, relative error against a float32 einsum recurrence,
          median time. xla: time the "xla" chunked path's parts (intra-chunk preparation, state
