@@ -2,6 +2,7 @@
 
     python benchmarks/op_trace.py fpa --shape 4,4096,12,64 --fields walk [--out DIR]
     python benchmarks/op_trace.py gdn --shape 4,4096,16,128
+    python benchmarks/op_trace.py fpa --shape 4,4096,12,64 1,16384,12,64 --fields walk,flat,fox
 
 op: fpa | fox | softmax (the "pallas" kernels) or gdn (gated_delta_rule, "pallas"); bf16 inputs,
 one jitted vjp with a random cotangent for every differentiable input. FPA's fields:
@@ -89,27 +90,17 @@ def device_times(trace_dir):
     return totals
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("op", choices=("fpa", "fox", "softmax", "gdn"))
-    parser.add_argument("--shape", default="4,4096,12,64")
-    parser.add_argument("--fields", default="walk")
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--top", type=int, default=20)
-    parser.add_argument("--out", default=os.environ.get("OUT", "."))
-    args = parser.parse_args()
-    shape = tuple(int(n) for n in args.shape.split(","))
+def trace_one(op, shape, fields, repeats, top, out_dir):
+    """Time and trace one op at one shape (and FPA field regime); print and write its table."""
     rng = np.random.default_rng(0)
-    inputs, _ = gdn_inputs(shape, rng) if args.op == "gdn" else attention_inputs(
-        args.op, shape, args.fields, rng)
-    fn = op_function(args.op)
-    first = lambda *a: fn(*a)[0] if args.op == "gdn" else fn(*a)
+    inputs, _ = gdn_inputs(shape, rng) if op == "gdn" else attention_inputs(op, shape, fields,
+                                                                            rng)
+    fn = op_function(op)
+    first = lambda *a: fn(*a)[0] if op == "gdn" else fn(*a)
     out_shape = jax.eval_shape(first, *inputs)
     cotangent = jnp.asarray(rng.standard_normal(out_shape.shape), out_shape.dtype)
     grads = jax.jit(lambda *a: jax.vjp(first, *a)[1](cotangent))
-    forward = jax.jit(first)
     jax.block_until_ready(grads(*inputs))
-    jax.block_until_ready(forward(*inputs))
     wall = []
     for _ in range(10):
         started = time.perf_counter()
@@ -117,21 +108,36 @@ def main():
         wall.append(1e3 * (time.perf_counter() - started))
     with tempfile.TemporaryDirectory() as trace_dir:
         with jax.profiler.trace(trace_dir):
-            for _ in range(args.repeats):
+            for _ in range(repeats):
                 jax.block_until_ready(grads(*inputs))
         totals = device_times(trace_dir)
-    per_call = {name: us / args.repeats / 1e3 for name, us in totals.most_common()}
-    label = f"{args.op}_{args.fields if args.op == 'fpa' else ''}_{'x'.join(map(str, shape))}"
-    result = {"op": args.op, "fields": args.fields, "shape": shape,
+    per_call = {name: us / repeats / 1e3 for name, us in totals.most_common()}
+    label = f"{op}_{fields if op == 'fpa' else ''}_{'x'.join(map(str, shape))}"
+    result = {"op": op, "fields": fields, "shape": shape,
               "fwd_bwd_wall_ms": statistics.median(wall), "device_ms": per_call}
-    with open(os.path.join(args.out, f"op_trace_{label}.json"), "w") as f:
+    with open(os.path.join(out_dir, f"op_trace_{label}.json"), "w") as f:
         json.dump(result, f, indent=1)
-    device_total = sum(per_call.values())
-    device_total = device_total or float("nan")
+    device_total = sum(per_call.values()) or float("nan")
     print(f"\n{label}: forward+backward wall median {statistics.median(wall):.3f} ms, device "
-          f"events {device_total:.3f} ms per call")
-    for name, ms in list(per_call.items())[:args.top]:
-        print(f"  {ms:8.3f} ms  {100 * ms / device_total:5.1f}%  {name[:100]}")
+          f"events {device_total:.3f} ms per call", flush=True)
+    for name, ms in list(per_call.items())[:top]:
+        print(f"  {ms:8.3f} ms  {100 * ms / device_total:5.1f}%  {name[:100]}", flush=True)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("op", choices=("fpa", "fox", "softmax", "gdn"))
+    parser.add_argument("--shape", nargs="+", default=["4,4096,12,64"], help="B,T,H,D ...")
+    parser.add_argument("--fields", default="walk", help="FPA: walk, flat, fox or a list")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--top", type=int, default=20)
+    parser.add_argument("--out", default=os.environ.get("OUT", "."))
+    args = parser.parse_args()
+    regimes = args.fields.split(",") if args.op == "fpa" else [args.fields]
+    for text in args.shape:
+        shape = tuple(int(n) for n in text.split(","))
+        for fields in regimes:
+            trace_one(args.op, shape, fields, args.repeats, args.top, args.out)
 
 
 if __name__ == "__main__":

@@ -13,9 +13,9 @@ profile() {  # name, op_trace arguments
 }
 profile fpa_flat fpa --shape 4,4096,12,64 --fields flat
 profile fpa_fox fpa --shape 4,4096,12,64 --fields fox
-trace() { timeout 100 python3 benchmarks/op_trace.py "$@" --top 4 --out /tmp 2>&1 | grep -v Warning | tail -5; }
-for shape in ${SHAPES:-4,4096,12,64 1,16384,12,64 8,2048,16,128}; do
-  for fields in walk flat fox; do trace fpa --shape $shape --fields $fields; done
-  trace fox --shape $shape
-  trace softmax --shape $shape
-done 2>&1 | tee $OUT/op_traces.txt
+SHAPES=${SHAPES:-4,4096,12,64 1,16384,12,64 8,2048,16,128}
+{
+timeout 300 python3 benchmarks/op_trace.py fpa --shape $SHAPES --fields walk,flat,fox --top 4 --out /tmp
+timeout 120 python3 benchmarks/op_trace.py fox --shape $SHAPES --top 4 --out /tmp
+timeout 120 python3 benchmarks/op_trace.py softmax --shape $SHAPES --top 4 --out /tmp
+} 2>&1 | grep -v Warning | tee $OUT/op_traces.txt
