@@ -182,6 +182,10 @@ def attention_forward(q, k, v, bias=NoBias(), *, scale: float,
         vec["beta"] = jnp.broadcast_to(bias.beta.astype(jnp.float32)[None, :, None],
                                        (batch, heads, padded))
         vec["psi"] = vec["dpsi"] = psi
+        if cfg.unbiased_tiles:  # bounds of the no-dead-pair test (forward_kernel.py)
+            vec["clo"] = vec["bmin"]
+            vec["kap"] = _per_block(_blocks(vec["suf"] - psi, n).min(-1), n)
+            vec["kpmax"] = _per_block(_blocks(psi, n).max(-1), n)
         for level in range(cfg.levels):
             vec[f"dpre{level}"], vec[f"dsuf{level}"] = _group_minima(phi, 1 << level)
         if prune and cfg.query_level:

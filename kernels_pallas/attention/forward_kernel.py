@@ -76,6 +76,11 @@ class ForwardConfig:
     def levels(self):
         return self.block.bit_length() - 1  # dyadic levels of a diagonal tile
 
+    @property
+    def unbiased_tiles(self):
+        """Off-diagonal FPA tiles with no dead pair (a per-block bound) skip the bias."""
+        return self.mode == "fpa" and not self.query_level
+
     def row_names(self):
         """Rows of the per-query-block pack (vectors along t, then scalars)."""
         names = ["start"] if self.segments else []
@@ -86,7 +91,7 @@ class ForwardConfig:
             names += ["pre", "beta"]
             names += [f"dpre{level}" for level in range(self.levels)]
             names += [f"dsuf{level}" for level in range(self.levels)]
-            names += ["psi"] if self.query_level else ["dpsi"]
+            names += ["psi"] if self.query_level else ["dpsi", "clo"]
             if self.prune:
                 names += ["qn", "dmin"] + (["qc", "qp"] if self.query_level else ["cmax"])
         return names
@@ -96,7 +101,7 @@ class ForwardConfig:
         if self.mode == "separable":
             return ["col"] + (["kn", "cmin"] if self.prune else [])
         if self.mode == "fpa":
-            names = ["suf", "bmin"] + ([] if self.query_level else ["psi"])
+            names = ["suf", "bmin"] + ([] if self.query_level else ["psi", "kap", "kpmax"])
             if self.prune:
                 names += ["kn"] + ([] if self.query_level else ["kp"])
             return names
@@ -237,12 +242,14 @@ def forward_kernel(cfg: ForwardConfig, q, k, v, rowp, colp):
                 level = rows.vec("psi", 0, shape) if cfg.query_level else cols.vec("psi", 1, shape)
             return (beta * LOG2E) * jnp.minimum(range_min - level, 0.0)
 
-        def compute(j, slot, cols, diagonal, gap_min, state):
+        def compute(j, slot, cols, diagonal, gap_min, state, biased=True):
             acc, m, l = state
-            logits = tile_bias(cols, diagonal, gap_min)
+            logits = tile_bias(cols, diagonal, gap_min) if biased else None
             if cfg.content:
                 scores = (cfg.scale * LOG2E) * _matmul(q_s, k_s.at[slot].transpose((1, 0)), shape)
                 logits = scores if logits is None else scores + logits
+            elif logits is None:
+                logits = plgpu.layout_cast(jnp.zeros(shape, jnp.float32), plgpu.Layout.WGMMA)
             valid = None
             if diagonal:
                 valid = s_local <= t_local
@@ -301,6 +308,13 @@ def forward_kernel(cfg: ForwardConfig, q, k, v, rowp, colp):
                 if col_names:
                     pl.when(has_next)(lambda: wait_cols(j - 1))
             run = lambda s: compute(j, lax.rem(j, 2), cols, diagonal, gap_min, s)
+            if cfg.unbiased_tiles and not diagonal:
+                # no dead pair: R_ts - psi_s >= min(kap_j, min(G, clo_i) - kpmax_j) >= 0
+                floor = jnp.minimum(cols.scalar("kap"),
+                                    jnp.minimum(gap_min, rows.scalar("clo")) - cols.scalar("kpmax"))
+                biased_run, plain_run = run, lambda s: compute(
+                    j, lax.rem(j, 2), cols, diagonal, gap_min, s, biased=False)
+                run = lambda s: lax.cond(floor >= 0.0, plain_run, biased_run, s)
             if cfg.prune and not diagonal:
                 pl.when(jnp.logical_not(skip))(lambda: wait_kv(j))
                 state = lax.cond(skip, lambda s: s, run, state)

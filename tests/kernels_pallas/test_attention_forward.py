@@ -120,6 +120,23 @@ def test_fpa_matches_reference(case, drift, query_level, content):
     _check(q, k, v, bias, None, 1e-5, 1e-3 * (1 + abs(drift) / 100))
 
 
+@pytest.mark.parametrize("content", [True, False])
+def test_fpa_tiles_without_dead_keys_match_reference(content):
+    """One row (T = 200, four blocks) with a flat stretch (no key dies: those off-diagonal
+    tiles skip the bias), a small walk (keys die) and a 300-nat cliff; with and without the
+    content term (then the unbiased tiles' logits are all 0)."""
+    rng = np.random.default_rng(case_seed(945 + content))
+    length = 200
+    q, k, v = _qkv(rng, (1, length, 1, 64), jnp.float32)
+    steps = np.concatenate([np.zeros((1, 70, 1)), 0.3 * rng.standard_normal((1, 80, 1)),
+                            np.full((1, 1, 1), -300.0), 0.3 * rng.standard_normal((1, 49, 1))],
+                           axis=1)
+    phi = jnp.asarray(np.cumsum(steps, axis=1), jnp.float32)
+    psi = phi + jnp.where(jnp.arange(length)[None, :, None] < 70, 0.0, 0.5)
+    bias = FPABias(phi, psi, jnp.array([0.8], jnp.float32), content=content)
+    _check(q, k, v, bias, None, 1e-5, 1e-3)
+
+
 def test_fpa_segments_bf16_matches_reference():
     rng = np.random.default_rng(case_seed(940))
     length = 150
