@@ -1,4 +1,4 @@
-"""README's SpectralShift commands name `runs/tiny_gdn` (issue 30 item 7): that is the run
+"""README's SpectralShift commands name `runs/tiny_gdn`: that is the run
 directory of `fit tiny_gdn` only without overrides, which the README must say (with what to
 pass instead), and a curriculum whose reference is missing points at --reference."""
 

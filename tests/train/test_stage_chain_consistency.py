@@ -1,4 +1,4 @@
-"""A stage chain stays consistent across re-runs (train/stages.py, issue 30 items 1 and 8).
+"""A stage chain stays consistent across re-runs (train/stages.py).
 
 One chain is trained once per module, in this process: a 1-layer GDN reference (2 steps) and
 stages a (16 -> 32) and b (32 -> 64) of 2 steps each (`train.steps=2` on the command line).
