@@ -205,8 +205,6 @@ def finish(cfg, dkv_out, dq_out, field_state, length, beta_dtype=jnp.float32):
             (_to_bth(dphi, length), _to_bth(dpsi, length), dbeta.astype(beta_dtype)))
 
 
-
-
 def _check(q, k, v, out, lse, dout, bias, segment_ids, block):
     if q.ndim != 4:
         raise ValueError(f"q: expected rank 4 [B, T, H, D], got shape {q.shape}")

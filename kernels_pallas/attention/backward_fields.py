@@ -33,7 +33,6 @@ from kernels_pallas.attention.common import BIG
 from kernels_pallas.attention.common import decay as _decay
 
 
-
 def num_levels(block):
     return block.bit_length()  # levels 0 .. log2(block)
 

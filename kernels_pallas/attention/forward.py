@@ -43,7 +43,6 @@ from kernels_pallas.padding import pad_time
 from kernels_pallas.attention.forward_kernel import BLOCK, LOG2E, ForwardConfig, forward_kernel
 
 
-
 def pruning_margin(length: int) -> float:
     return 10.0 + math.log(max(length, 1))
 

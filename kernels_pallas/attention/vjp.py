@@ -46,16 +46,10 @@ from kernels_pallas.interpret import interpret_active
 from kernels_pallas.registry import is_hopper
 
 
-
-def _program(fn, static):
-    """jax.jit(fn) with the hashable `static` bound as its last argument (one per GPU
-    interpret mode, which decides how the kernels are traced)."""
-    return _jitted(fn, static, interpret_active())
-
-
 @functools.lru_cache(maxsize=None)
-def _jitted(fn, static, interpreted):
-    del interpreted  # part of the cache key only
+def _program(fn, static):
+    """jax.jit(fn) with the hashable `static` bound as its last argument. (GPU interpret mode
+    is a JAX config state, so jit keeps its interpreted and compiled traces apart.)"""
     return jax.jit(lambda *arrays: fn(*arrays, static))
 
 

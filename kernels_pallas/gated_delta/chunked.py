@@ -81,15 +81,8 @@ def _folding_batch_axes(kernel, in_axes, out_axes):
 
 @functools.cache
 def _kernels(tiling):
-    """(forward, backward) state kernels for one tiling, batchable by vmap."""
-    return _state_kernels(tiling, interpret_active())
-
-
-@functools.cache
-def _state_kernels(tiling, interpreted):
-    """Each kernel behind one jax.jit (per tiling and interpret mode): the layers of a model
-    share one traced program, which JAX lowers once per compiled step."""
-    del interpreted  # part of the cache key only
+    """(forward, backward) state kernels for one tiling, batchable by vmap; each behind one
+    jax.jit, so the layers of a model share one traced program, lowered once per step."""
     forward = _folding_batch_axes(
         jax.jit(functools.partial(state_kernels.forward_states, tiling=tiling)),
         in_axes=(1, 1, 1, 0, 0), out_axes=(1, 0))
@@ -125,14 +118,10 @@ def _state_recurrence_bwd(tiling, residuals, cotangents):
 state_recurrence.defvjp(_state_recurrence_fwd, _state_recurrence_bwd)
 
 
-def _wy_kernel(scale, with_inverse):
-    """The WY preparation kernel, batchable by vmap (B is axis 0 of its inputs, 1 of outputs)."""
-    return _jitted_wy_kernel(scale, with_inverse, interpret_active())
-
-
 @functools.cache
-def _jitted_wy_kernel(scale, with_inverse, interpreted):
-    del interpreted  # part of the cache key only
+def _wy_kernel(scale, with_inverse):
+    """The WY preparation kernel behind one jax.jit, batchable by vmap (B is axis 0 of its
+    inputs, 1 of outputs)."""
     return _folding_batch_axes(
         jax.jit(functools.partial(wy_kernel.prepare, scale=scale, with_inverse=with_inverse)),
         in_axes=(0, 0, 0, 0), out_axes=(1,) * (5 if with_inverse else 4))

@@ -3,13 +3,15 @@
 Each kernel's Mosaic GPU lowering takes seconds (layout inference), so a model whose layers
 each lowered their own copy compiled for minutes (kernels_pallas/attention/vjp.py `_program`).
 Lowered for a Hopper GPU on the CPU: the number of kernel custom calls in a differentiated
-stack of FPA layers, or of gated delta rule layers, does not grow with its depth.
+stack of FPA layers, or of gated delta rule layers, does not grow with its depth; and a
+program the GPU interpreter ran is not reused when the same shapes are lowered for the GPU.
 """
 
 import jax
 import jax.numpy as jnp
 import pytest
 
+from kernels_pallas import interpret
 from kernels_pallas.attention.vjp import fpa_pallas
 from kernels_pallas.gated_delta.chunked import chunked_forward_pallas
 
@@ -27,15 +29,21 @@ def _gdn_layer(x):
     return out
 
 
-def _kernel_calls(layer, layers):
-    q = jnp.zeros((1, 70, 2, 64), jnp.bfloat16)
+SHAPE = (1, 70, 2, 64)
 
+
+def _stack(layer, layers):
     def stack(x):
         for _ in range(layers):
             x = layer(x).astype(x.dtype)
         return jnp.sum(x.astype(jnp.float32))
+    return stack
 
-    lowered = jax.jit(jax.grad(stack)).trace(q).lower(lowering_platforms=("cuda",))
+
+def _kernel_calls(layer, layers):
+    q = jnp.zeros(SHAPE, jnp.bfloat16)
+    lowered = jax.jit(jax.grad(_stack(layer, layers))).trace(q).lower(
+        lowering_platforms=("cuda",))
     return lowered.as_text().count("stablehlo.custom_call @mosaic_gpu")
 
 
@@ -44,3 +52,20 @@ def test_kernel_calls_do_not_grow_with_depth(layer):
     two, three = _kernel_calls(layer, 2), _kernel_calls(layer, 3)
     assert two >= 3  # forward and backward kernels are there
     assert three == two, f"{two} kernel calls for 2 layers, {three} for 3"
+
+
+@pytest.mark.parametrize("layer", [_fpa_layer, _gdn_layer], ids=["fpa", "gdn"])
+def test_an_interpreted_program_is_not_reused_for_the_gpu(layer):
+    """The shared jitted programs are traced again outside the interpreter: the forward
+    lowered for the GPU after an interpreted forward of the same shapes still holds its Mosaic
+    GPU kernels."""
+    def calls():
+        lowered = jax.jit(layer).trace(jnp.zeros(SHAPE, jnp.bfloat16)).lower(
+            lowering_platforms=("cuda",))
+        return lowered.as_text().count("stablehlo.custom_call @mosaic_gpu")
+
+    before = calls()
+    interpret.reset()
+    with interpret.gpu_interpret(detect_races=False):
+        jax.block_until_ready(jax.jit(layer)(jnp.full(SHAPE, 0.1, jnp.bfloat16)))
+    assert calls() == before >= 1
