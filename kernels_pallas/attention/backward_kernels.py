@@ -24,9 +24,9 @@ valid: s <= t and doc(s) == doc(t). Bias modes (static):
                   mass = sum over pieces of mass_piece exp(-(min_piece - R)/tau)
 
 FPA's field terms take one of three paths per off-diagonal tile (level psi_s; `_share_path`,
-from per-block bounds): no dead pair (a plain softmax tile: no bias, no field work), separable (the pieces' weights relative
-to one tile minimum r: exponentials per key and per query, one division per pair) or
-row-referenced (weights relative to m_t = min(G, C_t) and one exponential of -|m_t - A_s| per
+from per-block bounds): no dead pair (a plain softmax tile: no bias, no field work), separable
+(the pieces' weights relative to one tile minimum r: exponentials per key and per query, one
+division per pair) or row-referenced (weights relative to m_t = min(G, C_t) and one exponential of -|m_t - A_s| per
 pair; exact for any spread). Diagonal tiles and query levels take the exact per-level shares.
 The gap's minimum and soft-min mass are scalars carried along the sweep.
 
@@ -193,6 +193,15 @@ def _share_path(cfg, rows, cols, gap_min):
     return r, path
 
 
+def _by_path(compute, path):
+    """compute(state), or, off the diagonal of an FPA tile with a share path, a plain softmax
+    tile (compute(state, field_work=False)) on path 0."""
+    if path is None:
+        return compute
+    return lambda state: lax.cond(path == 0, functools.partial(compute, field_work=False),
+                                  compute, state)
+
+
 def _matmul(a_smem, b_smem, shape):
     def body(acc):
         plgpu.wgmma(acc, a_smem, b_smem)
@@ -355,40 +364,49 @@ class _Tile:
             return [reduce(share * to_query)], None
         return [reduce(share * to_key)], reduce(share * to_gap)
 
-    def row_referenced(self, coef, query_min, query_mass):
-        """(key weight, query factor, base) [n, n] of an off-diagonal tile, exact for any
-        spread. With m_t = min(G, C_t), R = min(A_s, m_t) and y = exp(-|m_t - A_s|/tau): the
-        key weight exp(-(A_s - R)/tau) is 1 if A_s < m_t, else y; the query and gap pieces
-        weigh their per-query weights relative to m_t times the query factor (y if A_s < m_t,
-        else 1); base = coef / mass. query_mass [n]: pre_mass w_C + gap_mass w_G relative to
-        m_t."""
-        diff = lax.broadcast_in_dim(query_min, self.shape, [self.qa]) - self.col("suf_min")
-        y = jnp.exp(jnp.abs(diff) * (-1.0 / self.cfg.tau))
-        key_first = diff > 0.0
-        key_weight = jnp.where(key_first, 1.0, y)
-        query_factor = jnp.where(key_first, y, 1.0)
-        mass = (self.col("suf_mass") * key_weight
-                + lax.broadcast_in_dim(query_mass, self.shape, [self.qa]) * query_factor)
-        return key_weight, query_factor, coef / jnp.maximum(mass, 1.0)
+    def separable_weights(self, coef, r, gap_min, gap_mass):
+        """(base [n, n], w_key [n] over keys, w_query [n] over queries, w_gap scalar).
 
-    def separable_base(self, coef, key_mass, query_mass):
-        """base_ts = coef_ts / (key_mass_s + query_mass_t) [n, n].
-
-        With every piece weighted relative to one tile minimum r, w_X = exp(-(X - r)/tau),
-        a pair's key share is coef w_A(s) / (sum over pieces mass_X w_X) = base_ts w_A(s), its
+        With every piece weighted relative to the tile minimum r, w_X = exp(-(X - r)/tau), a
+        pair's key share is coef w_A(s) / (sum over pieces mass_X w_X) = base_ts w_A(s), its
         query share base_ts w_C(t) and its gap share base_ts w_G: the per-pair exponentials
         become per-key and per-query vectors, applied after the tile's sums.
         """
-        denom = (lax.broadcast_in_dim(key_mass, self.shape, [self.ka])
-                 + lax.broadcast_in_dim(query_mass, self.shape, [self.qa]))
-        return coef / jnp.maximum(denom, TINY)
+        tau = self.cfg.tau
+        w_key = _decay(self.cols.vec("suf_min") - r, tau)
+        w_query = _decay(self.rows.vec("pre_min") - r, tau)
+        w_gap = _decay(gap_min - r, tau)
+        denom = (lax.broadcast_in_dim(self.cols.vec("suf_mass") * w_key, self.shape, [self.ka])
+                 + lax.broadcast_in_dim(self.rows.vec("pre_mass") * w_query + gap_mass * w_gap,
+                                        self.shape, [self.qa]))
+        return coef / jnp.maximum(denom, TINY), w_key, w_query, w_gap
+
+    def row_referenced_weights(self, coef, gap_min, gap_mass):
+        """(base, key weight, query factor [n, n]; w_query, w_gap [n] over queries), exact for
+        any spread. With m_t = min(G, C_t), R = min(A_s, m_t) and y = exp(-|m_t - A_s|/tau): the
+        key weight exp(-(A_s - R)/tau) is 1 if A_s < m_t, else y; the query and gap pieces weigh
+        w_query, w_gap (relative to m_t) times the query factor (y if A_s < m_t, else 1);
+        base = coef / mass."""
+        tau = self.cfg.tau
+        pre = self.rows.vec("pre_min")
+        query_min = jnp.minimum(pre, gap_min)
+        w_query, w_gap = _decay(pre - query_min, tau), _decay(gap_min - query_min, tau)
+        diff = lax.broadcast_in_dim(query_min, self.shape, [self.qa]) - self.col("suf_min")
+        y = jnp.exp(jnp.abs(diff) * (-1.0 / tau))
+        key_first = diff > 0.0
+        key_weight = jnp.where(key_first, 1.0, y)
+        query_factor = jnp.where(key_first, y, 1.0)
+        query_mass = self.rows.vec("pre_mass") * w_query + gap_mass * w_gap
+        mass = (self.col("suf_mass") * key_weight
+                + lax.broadcast_in_dim(query_mass, self.shape, [self.qa]) * query_factor)
+        return coef / jnp.maximum(mass, 1.0), key_weight, query_factor, w_query, w_gap
 
 
 def _gap_update(gap_min, gap_mass, block_min, block_mass, tau):
     """Scalars: the gap's minimum and its soft-min mass relative to it, one block more."""
     new_min = jnp.minimum(gap_min, block_min)
-    new_mass = (gap_mass * jnp.exp((gap_min - new_min) * (-1.0 / tau))
-                + block_mass * jnp.exp((block_min - new_min) * (-1.0 / tau)))
+    new_mass = (gap_mass * _decay(gap_min - new_min, tau)
+                + block_mass * _decay(block_min - new_min, tau))
     return new_min, new_mass
 
 
@@ -407,8 +425,7 @@ def _dkv_field_terms(cfg, tile, ds, extra, diagonal, path, r, diag, gap, col_acc
     paths 1 / 2 of `_share_path` off the diagonal (separable, row-referenced; path 0 tiles run
     as plain softmax tiles and never get here), the exact per-level shares on it and with query
     levels. add_gap(total) takes the tile's gap share."""
-    levels, tau, beta = cfg.diag_levels, cfg.tau, tile.beta
-    rows, cols = tile.rows, tile.cols
+    levels, beta = cfg.diag_levels, tile.beta
     gap_min, gap_mass = gap
     block_share = (1 if cfg.query_level else 2) + levels
 
@@ -435,11 +452,7 @@ def _dkv_field_terms(cfg, tile, ds, extra, diagonal, path, r, diag, gap, col_acc
 
     def separable(col_acc):
         col_acc, coef = common(col_acc)
-        w_key = _decay(cols.vec("suf_min") - r, tau)
-        w_query = _decay(rows.vec("pre_min") - r, tau)
-        w_gap = jnp.exp((gap_min - r) * (-1.0 / tau))
-        base = tile.separable_base(coef, cols.vec("suf_mass") * w_key,
-                                   rows.vec("pre_mass") * w_query + gap_mass * w_gap)
+        base, w_key, _, w_gap = tile.separable_weights(coef, r, gap_min, gap_mass)
         per_key = beta * tile.sum_over_queries(base)
         col_acc[block_share] = col_acc[block_share] + w_key * per_key
         add_gap(w_gap * jnp.sum(per_key))
@@ -447,12 +460,8 @@ def _dkv_field_terms(cfg, tile, ds, extra, diagonal, path, r, diag, gap, col_acc
 
     def row_referenced(col_acc):
         col_acc, coef = common(col_acc)
-        pre = rows.vec("pre_min")
-        query_min = jnp.minimum(pre, gap_min)
-        w_gap = _decay(gap_min - query_min, tau)
-        key_weight, query_factor, base = tile.row_referenced(
-            coef, query_min, rows.vec("pre_mass") * _decay(pre - query_min, tau)
-            + gap_mass * w_gap)
+        base, key_weight, query_factor, _, w_gap = tile.row_referenced_weights(
+            coef, gap_min, gap_mass)
         col_acc[block_share] = (col_acc[block_share]
                                 + beta * tile.sum_over_queries(base * key_weight))
         gap_share = base * query_factor * lax.broadcast_in_dim(w_gap, tile.shape, [tile.qa])
@@ -565,10 +574,7 @@ def dkv_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
             r = path = None
             if cfg.separable and not diagonal:
                 r, path = _share_path(cfg, rows, cols, gap_min)
-            run = compute
-            if path is not None:  # path 0: a plain softmax tile
-                run = lambda s: lax.cond(path == 0, functools.partial(compute, field_work=False),
-                                         compute, s)
+            run = _by_path(compute, path)
             if diagonal or not cfg.prunes:
                 state = run(state)
             else:
@@ -628,8 +634,7 @@ def dkv_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
 def _dq_field_terms(cfg, tile, p, ds, extra, diagonal, path, r, diag, gap, row_acc):
     """FPA's query-side sums of one tile into row_acc = (dpsi?, share per level, dsum, pgap)
     (dsum is added by the caller): the paths of `_dkv_field_terms`."""
-    levels, tau, beta = cfg.diag_levels, cfg.tau, tile.beta
-    rows, cols = tile.rows, tile.cols
+    levels, beta = cfg.diag_levels, tile.beta
     gap_min, gap_mass = gap
     block_share = (1 if cfg.query_level else 0) + levels
 
@@ -652,22 +657,13 @@ def _dq_field_terms(cfg, tile, p, ds, extra, diagonal, path, r, diag, gap, row_a
 
     def separable(row_acc):
         row_acc, coef = common(row_acc)
-        w_query = _decay(rows.vec("pre_min") - r, tau)
-        w_gap = jnp.exp((gap_min - r) * (-1.0 / tau))
-        base = tile.separable_base(
-            coef, cols.vec("suf_mass") * _decay(cols.vec("suf_min") - r, tau) + gap_mass * w_gap,
-            rows.vec("pre_mass") * w_query)
+        base, _, w_query, _ = tile.separable_weights(coef, r, gap_min, gap_mass)
         row_acc[block_share] = row_acc[block_share] + (beta * w_query) * tile.sum_over_keys(base)
         return tuple(row_acc)
 
     def row_referenced(row_acc):
         row_acc, coef = common(row_acc)
-        pre = rows.vec("pre_min")
-        query_min = jnp.minimum(pre, gap_min)
-        w_query = _decay(pre - query_min, tau)
-        _, query_factor, base = tile.row_referenced(
-            coef, query_min,
-            rows.vec("pre_mass") * w_query + gap_mass * _decay(gap_min - query_min, tau))
+        base, _, query_factor, w_query, _ = tile.row_referenced_weights(coef, gap_min, gap_mass)
         row_acc[block_share] = (row_acc[block_share]
                                 + (beta * w_query) * tile.sum_over_keys(base * query_factor))
         return tuple(row_acc)
@@ -770,10 +766,7 @@ def dq_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
             r = path = None
             if cfg.separable and not diagonal:
                 r, path = _share_path(cfg, rows, cols, gap_min)
-            run = compute
-            if path is not None:  # path 0: a plain softmax tile
-                run = lambda s: lax.cond(path == 0, functools.partial(compute, field_work=False),
-                                         compute, s)
+            run = _by_path(compute, path)
             if diagonal or not cfg.prunes:
                 state = run(state)
             else:
