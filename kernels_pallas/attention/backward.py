@@ -32,7 +32,7 @@ import jax.numpy as jnp
 
 from kernels_pallas.attention import backward_fields as fields
 from kernels_pallas.attention.bias import FPABias, NoBias, SeparableBias
-from kernels_pallas.attention.common import BIG, SUPPORTED_HEAD_DIMS
+from kernels_pallas.attention.common import BIG, SUPPORTED_HEAD_DIMS, dead_key_bounds
 from kernels_pallas.attention.backward_kernels import BLOCK, KernelConfig, dkv_kernel, dq_kernel
 from kernels_pallas.attention.forward import document_start_index, heads_major, pruning_margin
 from kernels_pallas.padding import pad_time
@@ -149,8 +149,8 @@ def prepare(cfg, q, k, v, out, lse, dout, bias, segment_ids):
         if cfg.separable:  # per-block bounds of the share paths (backward_kernels._share_path)
             vectors["chi"] = _per_block(vectors["pre_min"], n, jnp.max)
             vectors["alo"] = _per_block(vectors["suf_min"], n, jnp.min)
-            vectors["kap"] = _per_block(vectors["suf_min"] - vectors["psi"], n, jnp.min)
-            vectors["kpmax"] = _per_block(vectors["psi"], n, jnp.max)
+            vectors["kap"], vectors["kpmax"] = dead_key_bounds(vectors["suf_min"],
+                                                               vectors["psi"], n)
         interleave = lambda a, m: [x for level in range(top)
                                    for x in (a[:, :, level], m[:, :, level])]
         rowd = _pack(interleave(pre_min, pre_mass), n)

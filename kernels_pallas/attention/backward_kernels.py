@@ -50,7 +50,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from kernels_pallas.attention.common import BIG
+from kernels_pallas.attention.common import BIG, no_dead_floor
 from kernels_pallas.attention.common import decay as _decay
 
 BLOCK = 64
@@ -188,7 +188,7 @@ def _share_path(cfg, rows, cols, gap_min):
     clo = rows.scalar("bmin")
     r = jnp.minimum(jnp.minimum(cols.scalar("alo"), gap_min), clo)
     spread = (jnp.minimum(gap_min, rows.scalar("chi")) - r) * (1.0 / cfg.tau)
-    floor = jnp.minimum(cols.scalar("kap"), jnp.minimum(gap_min, clo) - cols.scalar("kpmax"))
+    floor = no_dead_floor(cols.scalar("kap"), cols.scalar("kpmax"), gap_min, clo)
     path = jnp.where(floor >= 0.0, 0, jnp.where(spread <= SEPARABLE_SPREAD, 1, 2))
     return r, path
 

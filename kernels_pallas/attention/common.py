@@ -3,6 +3,9 @@
     BIG                  stands for +inf in minima (no inf - inf)
     SUPPORTED_HEAD_DIMS  head dims the kernels are built for
     decay(excess, tau)   exp(-excess / tau) for excess >= 0 (clamped), with a multiply
+    dead_key_bounds, no_dead_floor   the bound under which an off-diagonal FPA tile (level
+                         psi_s) has no dead pair: R_ts - psi_s >= min(A_s - psi_s, G - psi_s,
+                         C_t - psi_s) >= min(kap_j, min(G, clo_i) - kpmax_j)
 """
 
 import jax.numpy as jnp
@@ -14,3 +17,18 @@ SUPPORTED_HEAD_DIMS = (64, 128)
 def decay(excess, tau):
     """exp(-excess / tau) for excess >= 0 (negative excess is clamped to 0)."""
     return jnp.exp(jnp.maximum(excess, 0.0) * (-1.0 / tau))
+
+
+def dead_key_bounds(suffix_min, psi, n):
+    """Per key block of n positions, repeated over them ([..., Tp] each): kap = min_s (A_s -
+    psi_s) with A_s the exclusive suffix minimum of the field inside the block, and
+    kpmax = max_s psi_s."""
+    blocks = lambda x: x.reshape(x.shape[:-1] + (x.shape[-1] // n, n))
+    return (jnp.repeat(blocks(suffix_min - psi).min(-1), n, axis=-1),
+            jnp.repeat(blocks(psi).max(-1), n, axis=-1))
+
+
+def no_dead_floor(kap, kpmax, gap_min, query_block_min):
+    """A lower bound of R_ts - psi_s over an off-diagonal tile (scalars): >= 0 means no key of
+    the tile is dead, so its bias is 0."""
+    return jnp.minimum(kap, jnp.minimum(gap_min, query_block_min) - kpmax)

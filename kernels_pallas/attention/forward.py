@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 
 from kernels_pallas.attention.bias import FPABias, NoBias, SeparableBias
-from kernels_pallas.attention.common import BIG, SUPPORTED_HEAD_DIMS
+from kernels_pallas.attention.common import BIG, SUPPORTED_HEAD_DIMS, dead_key_bounds
 from kernels_pallas.interpret import interpret_active
 from kernels_pallas.padding import pad_time
 from kernels_pallas.attention.forward_kernel import BLOCK, LOG2E, ForwardConfig, forward_kernel
@@ -183,8 +183,7 @@ def attention_forward(q, k, v, bias=NoBias(), *, scale: float,
         vec["psi"] = vec["dpsi"] = psi
         if cfg.unbiased_tiles:  # bounds of the no-dead-pair test (forward_kernel.py)
             vec["clo"] = vec["bmin"]
-            vec["kap"] = _per_block(_blocks(vec["suf"] - psi, n).min(-1), n)
-            vec["kpmax"] = _per_block(_blocks(psi, n).max(-1), n)
+            vec["kap"], vec["kpmax"] = dead_key_bounds(vec["suf"], psi, n)
         for level in range(cfg.levels):
             vec[f"dpre{level}"], vec[f"dsuf{level}"] = _group_minima(phi, 1 << level)
         if prune and cfg.query_level:

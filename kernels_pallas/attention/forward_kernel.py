@@ -50,7 +50,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from kernels_pallas.attention.common import BIG
+from kernels_pallas.attention.common import BIG, no_dead_floor
 
 BLOCK = 64
 LOG2E = math.log2(math.e)
@@ -309,9 +309,8 @@ def forward_kernel(cfg: ForwardConfig, q, k, v, rowp, colp):
                     pl.when(has_next)(lambda: wait_cols(j - 1))
             run = lambda s: compute(j, lax.rem(j, 2), cols, diagonal, gap_min, s)
             if cfg.unbiased_tiles and not diagonal:
-                # no dead pair: R_ts - psi_s >= min(kap_j, min(G, clo_i) - kpmax_j) >= 0
-                floor = jnp.minimum(cols.scalar("kap"),
-                                    jnp.minimum(gap_min, rows.scalar("clo")) - cols.scalar("kpmax"))
+                floor = no_dead_floor(cols.scalar("kap"), cols.scalar("kpmax"), gap_min,
+                                      rows.scalar("clo"))
                 biased_run, plain_run = run, lambda s: compute(
                     j, lax.rem(j, 2), cols, diagonal, gap_min, s, biased=False)
                 run = lambda s: lax.cond(floor >= 0.0, plain_run, biased_run, s)
