@@ -16,22 +16,21 @@ DIR/op_trace_<op>_<fields>_<shape>.json.
 """
 
 import argparse
-import collections
 import functools
-import gzip
 import json
 import os
 import statistics
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+
+from train.profile_trace import event_totals  # noqa: E402
 
 
 def attention_inputs(op, shape, fields, rng):
@@ -76,20 +75,6 @@ def gdn_inputs(shape, rng):
     return (q.astype(jnp.bfloat16), k.astype(jnp.bfloat16), v, g, beta), {}
 
 
-def device_times(trace_dir):
-    """{event name: total microseconds} over the device timelines of the newest trace."""
-    path = sorted(Path(trace_dir).rglob("*.trace.json.gz"), key=lambda p: p.stat().st_mtime)[-1]
-    with gzip.open(path) as handle:
-        events = json.load(handle).get("traceEvents", [])
-    processes = {e["pid"]: e["args"]["name"] for e in events
-                 if e.get("ph") == "M" and e.get("name") == "process_name"}
-    totals = collections.Counter()
-    for event in events:
-        if event.get("ph") == "X" and processes.get(event["pid"], "").startswith("/device:"):
-            totals[event["name"]] += float(event.get("dur", 0.0))
-    return totals
-
-
 def trace_one(op, shape, fields, repeats, top, out_dir):
     """Time and trace one op at one shape (and FPA field regime); print and write its table."""
     rng = np.random.default_rng(0)
@@ -110,7 +95,7 @@ def trace_one(op, shape, fields, repeats, top, out_dir):
         with jax.profiler.trace(trace_dir):
             for _ in range(repeats):
                 jax.block_until_ready(grads(*inputs))
-        totals = device_times(trace_dir)
+        totals = event_totals(trace_dir)
     per_call = {name: us / repeats / 1e3 for name, us in totals.most_common()}
     label = f"{op}_{fields if op == 'fpa' else ''}_{'x'.join(map(str, shape))}"
     result = {"op": op, "fields": fields, "shape": shape,

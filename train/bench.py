@@ -41,9 +41,6 @@ C++ scaffolding, "...::...") and keeps the costliest, as a share of their total.
 
 from __future__ import annotations
 
-import collections
-import gzip
-import json
 import statistics
 import time
 from pathlib import Path
@@ -58,6 +55,7 @@ from train.config import Config
 from train.memory import (check_fits, device_memory_bytes, estimate_train_memory,
                           out_of_memory_errors)
 from train.model import count_params, resolve_vocab_size
+from train.profile_trace import event_totals
 from train.session import build_session, local_batch_size, to_global
 from train.sharding import mesh_context
 from train.tokenizer import load_tokenizer
@@ -107,27 +105,7 @@ def matmul_ceiling_tflops(size: int, *, device: Any = None, repeats: int = 10) -
 def top_ops(profile_dir: str | Path, count: int = 6) -> list[tuple[str, float]]:
     """[(op name, share of device time)] of the newest trace under `profile_dir`, costliest
     first (see the module doc); [] when the trace has no device or executor events."""
-    traces = sorted(Path(profile_dir).rglob("*.trace.json.gz"), key=lambda p: p.stat().st_mtime)
-    if not traces:
-        return []
-    with gzip.open(traces[-1]) as handle:
-        events = json.load(handle).get("traceEvents", [])
-    processes = {e["pid"]: e["args"]["name"] for e in events
-                 if e.get("ph") == "M" and e.get("name") == "process_name"}
-    threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
-               if e.get("ph") == "M" and e.get("name") == "thread_name"}
-    on_device = any(name.startswith("/device:") for name in processes.values())
-
-    def timeline(event) -> bool:
-        if on_device:
-            return processes.get(event["pid"], "").startswith("/device:")
-        return (threads.get((event["pid"], event.get("tid")), "").startswith("tf_XLAEigen")
-                and "::" not in event["name"])       # not the executor's own scaffolding
-
-    totals: collections.Counter = collections.Counter()
-    for event in events:
-        if event.get("ph") == "X" and timeline(event):
-            totals[event["name"]] += float(event.get("dur", 0.0))
+    totals = event_totals(profile_dir)
     whole = sum(totals.values())
     return [(name, value / whole) for name, value in totals.most_common(count)] if whole else []
 
