@@ -6,16 +6,14 @@
 For each preset (random tokens, as `python -m train bench`): seconds spent tracing the jitted
 train step to a jaxpr, lowering it to StableHLO (Pallas / Mosaic GPU kernels are lowered to
 their MLIR here, in Python), and compiling it (XLA passes, the kernels' own compile and ptxas);
-the number of custom calls in the lowered module by target, and how many distinct kernel
-bodies they carry. `--cprofile NAME` runs trace + lower of that preset under cProfile and
-writes the 40 costliest functions (cumulative) to DIR/compile_cprofile_NAME.txt. Prints a table
-last and writes DIR/compile_profile.json.
+the number of custom calls in the lowered module by target. `--cprofile NAME` runs trace +
+lower of that preset under cProfile and writes the 40 costliest functions (cumulative) to
+DIR/compile_cprofile_NAME.txt. Prints a table last and writes DIR/compile_profile.json.
 """
 
 import argparse
 import collections
 import cProfile
-import hashlib
 import io
 import json
 import os
@@ -27,21 +25,16 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # noqa: E402
-import numpy as np  # noqa: E402
 
+from train.bench import random_batch  # noqa: E402
 from train.config import load_config  # noqa: E402
-from train.session import build_session, local_batch_size, to_global  # noqa: E402
+from train.session import build_session, to_global  # noqa: E402
 from train.sharding import mesh_context  # noqa: E402
 
+
 def custom_calls(text):
-    """{target: (count, distinct bodies)} of the custom calls in a StableHLO module's text."""
-    counts, bodies = collections.Counter(), collections.defaultdict(set)
-    for match in re.finditer(r"stablehlo\.custom_call @([\w.]+)", text):
-        counts[match.group(1)] += 1
-    for match in re.finditer(r'stablehlo\.custom_call @([\w.]+)\([^\n]*?backend_config = "([^"]*)"',
-                             text):
-        bodies[match.group(1)].add(hashlib.sha1(match.group(2).encode()).hexdigest())
-    return {name: (count, len(bodies.get(name, ()))) for name, count in counts.items()}
+    """{target: count} of the custom calls in a StableHLO module's text."""
+    return dict(collections.Counter(re.findall(r"stablehlo\.custom_call @([\w.]+)", text)))
 
 
 def profile_preset(name, context, batch_size, layers, cprofile_out=None):
@@ -51,10 +44,7 @@ def profile_preset(name, context, batch_size, layers, cprofile_out=None):
     config = load_config(name, overrides)
     vocab = config.model.vocab_size or 256
     session = build_session(config, vocab)
-    rng = np.random.default_rng(0)
-    rows = local_batch_size(config)
-    local = {"tokens": rng.integers(0, vocab, (rows, context + 1), np.int32),
-             "segment_ids": np.ones((rows, context + 1), np.int32)}
+    local = random_batch(config, vocab)
     result = {"preset": name, "context": context, "batch_size": batch_size,
               "layers": config.model.num_layers}
     with mesh_context(session.mesh):
@@ -108,9 +98,9 @@ def main():
     with open(os.path.join(args.out, "compile_profile.json"), "w") as f:
         json.dump(results, f, indent=1)
     print(f"\n{'preset':22s} {'layers':>6s} {'trace s':>8s} {'lower s':>8s} {'compile s':>9s} "
-          f"{'total s':>8s}  custom calls (count / distinct bodies)")
+          f"{'total s':>8s}  custom calls")
     for r in results:
-        calls = ", ".join(f"{k} {c}/{d}" for k, (c, d) in r["custom_calls"].items())
+        calls = ", ".join(f"{k} {c}" for k, c in r["custom_calls"].items())
         print(f"{r['preset']:22s} {r['layers']:6d} {r['trace_s']:8.1f} {r['lower_s']:8.1f} "
               f"{r['compile_s']:9.1f} {r['total_s']:8.1f}  {calls}")
 

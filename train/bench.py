@@ -114,6 +114,14 @@ def default_ceiling_size(platform: str) -> int:
     return 8192 if platform == "gpu" else 256
 
 
+def random_batch(config: Config, vocab_size: int) -> dict[str, np.ndarray]:
+    """This process's rows of uniform random tokens (seed train.seed), one document per row."""
+    rows, seq_len = local_batch_size(config), config.data.seq_len
+    rng = np.random.default_rng(config.train.seed)
+    return {"tokens": rng.integers(0, vocab_size, (rows, seq_len + 1), np.int32),
+            "segment_ids": np.ones((rows, seq_len + 1), np.int32)}
+
+
 def benchmark(config: Config, *, steps: int, warmup: int = 2, profile_dir: str | Path | None = None,
               profile_steps: int = 3, ceiling_size: int | None = None) -> dict[str, Any]:
     """Time `steps` train steps of `config` (vocabulary: model.vocab_size, else the
@@ -128,10 +136,8 @@ def benchmark(config: Config, *, steps: int, warmup: int = 2, profile_dir: str |
     estimate = estimate_train_memory(config, session.abstract_state, tokenizer_vocab,
                                      session.mesh.shape)
     check_fits(config, estimate, device_memory_bytes())                 # before compiling
-    batch_size, seq_len = local_batch_size(config), config.data.seq_len
-    rng = np.random.default_rng(config.train.seed)
-    local = {"tokens": rng.integers(0, tokenizer_vocab, (batch_size, seq_len + 1), np.int32),
-             "segment_ids": np.ones((batch_size, seq_len + 1), np.int32)}
+    seq_len = config.data.seq_len
+    local = random_batch(config, tokenizer_vocab)
     with mesh_context(session.mesh), out_of_memory_errors(config):
         batch = to_global(session, local)
         state = session.init_state()
