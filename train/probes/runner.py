@@ -172,11 +172,12 @@ def run_probe(task: str, methods: list[str], config: ProbeConfig, sizes: dict | 
                f"{config.steps} steps...")
         run = train_seeds(method, task, sizes, config)
         final = run["accuracy"][:, -1]
+        successes = int(np.sum(final > threshold))
         report(f"probe {task} {index}/{len(methods)}: {method}: "
-               f"{int(np.sum(final > threshold))}/{config.seeds} seeds above {threshold} "
+               f"{successes}/{config.seeds} seeds above {threshold} "
                f"(mean final accuracy {float(np.mean(final)):.3f}) | {run['seconds']:.1f} s")
         results[method] = {
-            "successes": int(np.sum(final > threshold)),
+            "successes": successes,
             "seeds": config.seeds,
             "final_accuracy": [float(a) for a in final],
             "accuracy_curves": run["accuracy"].tolist(),
