@@ -30,6 +30,7 @@ def _gdn_layer(x):
 
 
 SHAPE = (1, 70, 2, 64)
+SMALL = (1, 64, 1, 64)   # one block, one head: the interpreter is slow
 
 
 def _stack(layer, layers):
@@ -60,12 +61,12 @@ def test_an_interpreted_program_is_not_reused_for_the_gpu(layer):
     lowered for the GPU after an interpreted forward of the same shapes still holds its Mosaic
     GPU kernels."""
     def calls():
-        lowered = jax.jit(layer).trace(jnp.zeros(SHAPE, jnp.bfloat16)).lower(
+        lowered = jax.jit(layer).trace(jnp.zeros(SMALL, jnp.bfloat16)).lower(
             lowering_platforms=("cuda",))
         return lowered.as_text().count("stablehlo.custom_call @mosaic_gpu")
 
     before = calls()
     interpret.reset()
     with interpret.gpu_interpret(detect_races=False):
-        jax.block_until_ready(jax.jit(layer)(jnp.full(SHAPE, 0.1, jnp.bfloat16)))
+        jax.block_until_ready(jax.jit(layer)(jnp.full(SMALL, 0.1, jnp.bfloat16)))
     assert calls() == before >= 1
