@@ -169,8 +169,8 @@ def case(name, shape, dtype, segmented, timing):
     except Exception as error:  # noqa: BLE001 - report and keep going
         row["registers_error"] = f"{type(error).__name__}: {str(error)[:200]}"
     outs = jax.jit(lambda *a: bwd.run_kernels(cfg, a))(*kargs)
-    row["ms_bwd_finish"] = bench(jax.jit(lambda d, g, p: bwd.finish(cfg, d, g, p, shape[1])),
-                                 *outs, phi)
+    row["ms_bwd_finish"] = bench(jax.jit(lambda outs, p: bwd.finish(cfg, outs, p, shape[1])),
+                                 outs, phi)
     if not (QUICK and name == "fpa") and not E2E_ONLY:
         row["ms_xla_fwd_bwd"] = bench(xla, *args, reps=5)
     if pallas is not None:

@@ -8,6 +8,7 @@ alone (median of 20, ms) on bf16 random inputs, FPA and, for scale, FoX at the s
     prepare      XLA pre-pass: padding, delta, field statistics per level, packed vectors
     dkv          the dk / dv / column-sum kernel
     dq           the dq / row-sum kernel
+    diagonal     FPA: the diagonal tiles' per-level soft-min shares kernel
     finish       XLA post-pass: FPA's soft-min shares spread over positions (dphi), dbeta
     fwd+bwd      the public op, implementation="pallas"
 with prune on (the default) and off for the kernels. --trace also writes a jax.profiler trace
@@ -31,6 +32,7 @@ from benchmarks.bench_fpa import make_inputs  # noqa: E402
 from benchmarks.timing import jax_median_ms  # noqa: E402
 from kernels_pallas.attention import backward as bwd  # noqa: E402
 from kernels_pallas.attention.bias import FPABias, SeparableBias  # noqa: E402
+from kernels_pallas.attention.backward_diagonal import diagonal_shares_kernel  # noqa: E402
 from kernels_pallas.attention.backward_kernels import dkv_kernel, dq_kernel  # noqa: E402
 from kernels_pallas.attention.forward import attention_forward  # noqa: E402
 
@@ -54,13 +56,16 @@ def parts(name, x, shape, prune):
     kargs, phi = prepare(q, k, v, out, lse, dout)
     dkv = jax.jit(lambda *a: dkv_kernel(cfg, *a))
     dq = jax.jit(lambda *a: dq_kernel(cfg, *a))
-    dkv_out, dq_out = dkv(*kargs), dq(*kargs)
-    finish = jax.jit(lambda d, g, p: bwd.finish(cfg, d, g, p, shape[1]))
+    diagonal = jax.jit(lambda *a: diagonal_shares_kernel(cfg, *a)) if fpa else None
+    outs = (dkv(*kargs), dq(*kargs), diagonal(*kargs) if fpa else None)
+    finish = jax.jit(lambda outs, p: bwd.finish(cfg, outs, p, shape[1]))
     times = {"forward": jax_median_ms(forward, q, k, v, repeats=20),
              "prepare": jax_median_ms(prepare, q, k, v, out, lse, dout, repeats=20),
              "dkv": jax_median_ms(dkv, *kargs, repeats=20),
              "dq": jax_median_ms(dq, *kargs, repeats=20),
-             "finish": jax_median_ms(finish, dkv_out, dq_out, phi, repeats=20)}
+             "finish": jax_median_ms(finish, outs, phi, repeats=20)}
+    if fpa:
+        times["diagonal"] = jax_median_ms(diagonal, *kargs, repeats=20)
     return times
 
 

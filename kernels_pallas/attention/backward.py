@@ -33,6 +33,7 @@ import jax.numpy as jnp
 from kernels_pallas.attention import backward_fields as fields
 from kernels_pallas.attention.bias import FPABias, NoBias, SeparableBias
 from kernels_pallas.attention.common import BIG, SUPPORTED_HEAD_DIMS, dead_key_bounds
+from kernels_pallas.attention.backward_diagonal import diagonal_shares_kernel
 from kernels_pallas.attention.backward_kernels import BLOCK, KernelConfig, dkv_kernel, dq_kernel
 from kernels_pallas.attention.forward import document_start_index, heads_major, pruning_margin
 from kernels_pallas.padding import pad_time
@@ -170,12 +171,16 @@ def prepare(cfg, q, k, v, out, lse, dout, bias, segment_ids):
 
 
 def run_kernels(cfg, args):
-    return dkv_kernel(cfg, *args), dq_kernel(cfg, *args)
+    """(dkv outputs, dq outputs, FPA's diagonal shares [B, H, nb, 2 levels, n] or None)."""
+    diagonal = diagonal_shares_kernel(cfg, *args) if cfg.mode == "fpa" else None
+    return dkv_kernel(cfg, *args), dq_kernel(cfg, *args), diagonal
 
 
-def finish(cfg, dkv_out, dq_out, field_state, length, beta_dtype=jnp.float32):
+def finish(cfg, kernel_outs, field_state, length, beta_dtype=jnp.float32):
     """XLA post-pass: slice off the padding, turn the kernels' sums into bias gradients.
-    field_state: prepare's second result (FPA: phi and its level minima; None otherwise)."""
+    kernel_outs: run_kernels' result; field_state: prepare's second result (FPA: phi and its
+    level minima; None otherwise)."""
+    dkv_out, dq_out, diagonal = kernel_outs
     dk, dv = dkv_out[0][:, :length], dkv_out[1][:, :length]
     dq = dq_out[0][:, :length]
     if cfg.mode == "none":
@@ -187,15 +192,18 @@ def finish(cfg, dkv_out, dq_out, field_state, length, beta_dtype=jnp.float32):
         return dq, dk, dv, (drow, dcol)
 
     batch, heads, nb = colo.shape[:3]
-    levels = cfg.diag_levels + 1
+    levels = cfg.diag_levels
     col_at = 0 if cfg.query_level else 1
     row_at = 1 if cfg.query_level else 0
     dpsi = _unpack(rowo, 0) if cfg.query_level else _unpack(colo, 0)
     row_out = cfg.row_out_names()
     dsum, pgap = (_unpack(rowo, row_out.index(name)) for name in ("dsum", "pgap"))
     dbeta = _unpack(colo, col_at).sum(axis=(0, 2)) - (dsum * pgap).sum(axis=(0, 2))  # centred
-    col_share = jnp.stack([_unpack(colo, col_at + 1 + level) for level in range(levels)], axis=2)
-    row_share = jnp.stack([_unpack(rowo, row_at + level) for level in range(levels)], axis=2)
+    # per level [B, H, levels + 1, Tp]: the diagonal levels, then the block level
+    col_share = jnp.stack([_unpack(diagonal, level) for level in range(levels)]
+                          + [_unpack(colo, col_at + 1)], axis=2)
+    row_share = jnp.stack([_unpack(diagonal, levels + level) for level in range(levels)]
+                          + [_unpack(rowo, row_at)], axis=2)
     gapo = dkv_out[3]  # [B, H, nb(j), chunks, n] -> totals[i, j]
     gap_total = jnp.swapaxes(gapo.reshape(batch, heads, nb, -1)[..., :nb], -1, -2)
     phi, pre_min, suf_min = field_state
@@ -242,6 +250,5 @@ def attention_backward(q, k, v, out, lse, dout, bias=NoBias(), *, scale: float,
     _check(q, k, v, out, lse, dout, bias, segment_ids, block)
     cfg = kernel_config(bias, scale, segment_ids, q.shape[1], block, prune)
     args, field_state = prepare(cfg, q, k, v, out, lse, dout, bias, segment_ids)
-    dkv_out, dq_out = run_kernels(cfg, args)
     beta_dtype = bias.beta.dtype if cfg.mode == "fpa" else jnp.float32
-    return finish(cfg, dkv_out, dq_out, field_state, q.shape[1], beta_dtype)
+    return finish(cfg, run_kernels(cfg, args), field_state, q.shape[1], beta_dtype)

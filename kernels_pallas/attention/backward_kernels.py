@@ -26,11 +26,13 @@ valid: s <= t and doc(s) == doc(t). Bias modes (static):
 FPA's field terms take one of three paths per off-diagonal tile (level psi_s; `_share_path`,
 from per-block bounds): no dead pair (a plain softmax tile: no bias, no field work), separable
 (the pieces' weights relative to one tile minimum r: exponentials per key and per query, one
-division per pair) or row-referenced (weights relative to m_t = min(G, C_t) and one exponential of -|m_t - A_s| per
-pair; exact for any spread). Diagonal tiles and query levels take the exact per-level shares.
-The gap's minimum and soft-min mass are scalars carried along the sweep.
+reciprocal per pair) or row-referenced (weights relative to m_t = min(G, C_t) and one
+exponential of -|m_t - A_s| per pair; exact for any spread). Query levels take the exact
+shares. The gap's minimum and soft-min mass are scalars carried along the sweep. The diagonal
+tiles' per-level shares come from a third kernel (backward_diagonal.py), which keeps their
+six levels' work out of the two sweeps (it cost them registers and spills on every tile).
 
-Two kernels, no atomics: `dkv` runs one program per key block j over query blocks i >= j
+Two sweep kernels, no atomics: `dkv` runs one program per key block j over query blocks i >= j
 (dk, dv, column sums, and the per-tile gap totals), `dq` one per query block i over key blocks
 j <= i (dq, row sums). Each recomputes the tile; the next query/key block's tiles are prefetched
 by TMA into a second buffer while the current one is computed. Matmul operands that the
@@ -50,7 +52,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from kernels_pallas.attention.common import BIG, no_dead_floor
+from kernels_pallas.attention.common import BIG, COMPILER_PARAMS, no_dead_floor, reciprocal
 from kernels_pallas.attention.common import decay as _decay
 
 BLOCK = 64
@@ -125,19 +127,20 @@ class KernelConfig:
         return names
 
     def col_out_names(self):
+        """Rows of dkv's per-key-block output ("share": the block-level key-side shares; the
+        diagonal tiles' per-level shares come from backward_diagonal.py)."""
         if self.mode == "separable":
             return ["dcol"]
         if self.mode == "fpa":
-            levels = [f"share{level}" for level in range(self.diag_levels + 1)]
-            return ([] if self.query_level else ["dpsi"]) + ["dbeta"] + levels
+            return ([] if self.query_level else ["dpsi"]) + ["dbeta", "share"]
         return []
 
     def row_out_names(self):
+        """Rows of dq's per-query-block output."""
         if self.mode == "separable":
             return ["drow"]
         if self.mode == "fpa":
-            levels = [f"share{level}" for level in range(self.diag_levels + 1)]
-            return (["dpsi"] if self.query_level else []) + levels + ["dsum", "pgap"]
+            return (["dpsi"] if self.query_level else []) + ["share", "dsum", "pgap"]
         return []
 
 
@@ -325,44 +328,48 @@ class _Tile:
         bias = extra["bias"]
         return jnp.where(bias < 0.0, ds, 0.0), bias * ds
 
-    def exact_shares(self, coef, extra, diagonal, side, diag_rows, diag_cols, gap_min, gap_mass):
-        """Per-pair soft-min shares, summed at once: ([one vector per piece], gap vector).
+    def exact_shares(self, coef, side, gap_min, gap_mass):
+        """Per-pair soft-min shares of an off-diagonal tile, summed at once: (piece sum, gap
+        sum or None).
 
         A piece's share of a pair is coef / mass times the piece's own weight
         exp(-(piece min - R)/tau), mass = sum over the pieces of mass_piece exp(-(min - R)/tau).
-        side "key": the key-side shares summed over queries (and the gap shares, off the
-        diagonal); side "query": the query-side shares summed over keys. On a diagonal tile each
-        pair s < t has the piece pair of its dyadic level: the pieces are selected per pair
-        (two exponentials and one division per pair) and the shares summed per level.
+        side "key": the key-side shares summed over queries and the gap shares; side "query":
+        the query-side shares summed over keys.
         """
         tau = self.cfg.tau
-        range_min = extra["range_min"]
-        if range_min is None:
-            range_min = self.fpa_range_min(False, diag_rows, diag_cols, gap_min)
-        reduce = self.sum_over_queries if side == "key" else self.sum_over_keys
-        if diagonal:  # each pair s < t lies in one level: select its pieces, then sum by level
-            masks = self.level_masks()
-            suf = pre = suf_mass = pre_mass = None
-            for level, level_mask in enumerate(masks):
-                pick = lambda chosen, x: x if chosen is None else jnp.where(level_mask, x, chosen)
-                suf = pick(suf, diag_cols.full("suf", self.shape, row=2 * level))
-                suf_mass = pick(suf_mass, diag_cols.full("suf", self.shape, row=2 * level + 1))
-                pre = pick(pre, diag_rows.full("pre", self.shape, row=2 * level))
-                pre_mass = pick(pre_mass, diag_rows.full("pre", self.shape, row=2 * level + 1))
-            to_key = _decay(suf - range_min, tau)
-            to_query = _decay(pre - range_min, tau)
-            share = coef / jnp.maximum(suf_mass * to_key + pre_mass * to_query, 1.0)
-            share = share * (to_key if side == "key" else to_query)
-            return [reduce(jnp.where(level_mask, share, 0.0)) for level_mask in masks], None
+        range_min = self.fpa_range_min(False, None, None, gap_min)
         to_key = _decay(self.col("suf_min") - range_min, tau)
         to_query = _decay(self.row("pre_min") - range_min, tau)
         to_gap = _decay(gap_min - range_min, tau)
         mass = (self.col("suf_mass") * to_key + self.row("pre_mass") * to_query
                 + gap_mass * to_gap)
-        share = coef / jnp.maximum(mass, 1.0)
+        share = coef * reciprocal(jnp.maximum(mass, 1.0))
         if side == "query":
-            return [reduce(share * to_query)], None
-        return [reduce(share * to_key)], reduce(share * to_gap)
+            return self.sum_over_keys(share * to_query), None
+        return self.sum_over_queries(share * to_key), self.sum_over_queries(share * to_gap)
+
+    def diagonal_shares(self, coef, range_min, diag_rows, diag_cols):
+        """Per-level soft-min shares of a diagonal tile: ([key side per level], [query side per
+        level]). Each pair s < t lies in one dyadic level, whose two pieces (the key side's
+        suffix, the query side's prefix) are selected per pair: two exponentials and one
+        division per pair, then the shares are summed by level."""
+        tau = self.cfg.tau
+        masks = self.level_masks()
+        suf = pre = suf_mass = pre_mass = None
+        for level, level_mask in enumerate(masks):
+            pick = lambda chosen, x: x if chosen is None else jnp.where(level_mask, x, chosen)
+            suf = pick(suf, diag_cols.full("suf", self.shape, row=2 * level))
+            suf_mass = pick(suf_mass, diag_cols.full("suf", self.shape, row=2 * level + 1))
+            pre = pick(pre, diag_rows.full("pre", self.shape, row=2 * level))
+            pre_mass = pick(pre_mass, diag_rows.full("pre", self.shape, row=2 * level + 1))
+        to_key = _decay(suf - range_min, tau)
+        to_query = _decay(pre - range_min, tau)
+        base = coef * reciprocal(jnp.maximum(suf_mass * to_key + pre_mass * to_query, 1.0))
+        key_share, query_share = base * to_key, base * to_query
+        by_level = lambda x, reduce: [reduce(jnp.where(m, x, 0.0)) for m in masks]
+        return (by_level(key_share, self.sum_over_queries),
+                by_level(query_share, self.sum_over_keys))
 
     def separable_weights(self, coef, r, gap_min, gap_mass):
         """(base [n, n], w_key [n] over keys, w_query [n] over queries, w_gap scalar).
@@ -379,7 +386,7 @@ class _Tile:
         denom = (lax.broadcast_in_dim(self.cols.vec("suf_mass") * w_key, self.shape, [self.ka])
                  + lax.broadcast_in_dim(self.rows.vec("pre_mass") * w_query + gap_mass * w_gap,
                                         self.shape, [self.qa]))
-        return coef / jnp.maximum(denom, TINY), w_key, w_query, w_gap
+        return coef * reciprocal(jnp.maximum(denom, TINY)), w_key, w_query, w_gap
 
     def row_referenced_weights(self, coef, gap_min, gap_mass):
         """(base, key weight, query factor [n, n]; w_query, w_gap [n] over queries), exact for
@@ -399,7 +406,8 @@ class _Tile:
         query_mass = self.rows.vec("pre_mass") * w_query + gap_mass * w_gap
         mass = (self.col("suf_mass") * key_weight
                 + lax.broadcast_in_dim(query_mass, self.shape, [self.qa]) * query_factor)
-        return coef / jnp.maximum(mass, 1.0), key_weight, query_factor, w_query, w_gap
+        return (coef * reciprocal(jnp.maximum(mass, 1.0)), key_weight, query_factor, w_query,
+                w_gap)
 
 
 def _gap_update(gap_min, gap_mass, block_min, block_mass, tau):
@@ -419,15 +427,15 @@ def _add_gap_total(gap_s, i, n, total):
                   + jnp.where(lanes == lax.rem(i, n), total, 0.0))
 
 
-def _dkv_field_terms(cfg, tile, ds, extra, diagonal, path, r, diag, gap, col_acc,
-                     add_gap):
-    """FPA's key-side sums of one tile into col_acc = (dpsi?, dbeta, share per level):
-    paths 1 / 2 of `_share_path` off the diagonal (separable, row-referenced; path 0 tiles run
-    as plain softmax tiles and never get here), the exact per-level shares on it and with query
-    levels. add_gap(total) takes the tile's gap share."""
-    levels, beta = cfg.diag_levels, tile.beta
+def _dkv_field_terms(cfg, tile, ds, extra, diagonal, path, r, gap, col_acc, add_gap):
+    """FPA's key-side sums of one tile into col_acc = (dpsi?, dbeta, share): paths 1 / 2 of
+    `_share_path` off the diagonal (separable, row-referenced; path 0 tiles run as plain
+    softmax tiles and never get here), the exact shares with query levels; d level and d beta
+    only on the diagonal (its shares: backward_diagonal.py). add_gap(total) takes the tile's
+    gap share."""
+    beta = tile.beta
     gap_min, gap_mass = gap
-    block_share = (1 if cfg.query_level else 2) + levels
+    block_share = 1 if cfg.query_level else 2
 
     def common(col_acc):
         """(col_acc with d level, d beta added, coef / beta)."""
@@ -442,11 +450,9 @@ def _dkv_field_terms(cfg, tile, ds, extra, diagonal, path, r, diag, gap, col_acc
 
     def exact(col_acc):
         col_acc, coef = common(col_acc)
-        sums, gap_sum = tile.exact_shares(coef, extra, diagonal, "key", *diag, gap_min, gap_mass)
-        first = block_share - levels if diagonal else block_share
-        for offset, total in enumerate(sums):
-            col_acc[first + offset] = col_acc[first + offset] + beta * total
-        if gap_sum is not None:
+        if not diagonal:
+            total, gap_sum = tile.exact_shares(coef, "key", gap_min, gap_mass)
+            col_acc[block_share] = col_acc[block_share] + beta * total
             add_gap(beta * jnp.sum(gap_sum))
         return tuple(col_acc)
 
@@ -566,9 +572,8 @@ def dkv_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
                     col_acc[0] = col_acc[0] - tile.sum_over_queries(ds)
                 elif fpa and field_work:
                     col_acc = _dkv_field_terms(cfg, tile, ds, extra, diagonal, path, r,
-                                               (diag_rows, diag_cols), (gap_min, gap_mass),
-                                               tuple(col_acc), functools.partial(
-                                                   _add_gap_total, gap_s, i, n))
+                                               (gap_min, gap_mass), tuple(col_acc),
+                                               functools.partial(_add_gap_total, gap_s, i, n))
                 return dk, dv, tuple(col_acc)
 
             r = path = None
@@ -626,17 +631,17 @@ def dkv_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
     ]
     body.__name__ = f"attention_dkv_{cfg.mode}"  # the kernel's name in profiles
     return plgpu.kernel(
-        body, out_type=tuple(out_types), scratch_types=scratch,
+        body, out_type=tuple(out_types), scratch_types=scratch, compiler_params=COMPILER_PARAMS,
         grid=(heads, nb, batch), grid_names=("h", "kb", "b"),
     )(q, k, v, dout, rowp, colp, rowd, cold, beta)
 
 
-def _dq_field_terms(cfg, tile, p, ds, extra, diagonal, path, r, diag, gap, row_acc):
-    """FPA's query-side sums of one tile into row_acc = (dpsi?, share per level, dsum, pgap)
-    (dsum is added by the caller): the paths of `_dkv_field_terms`."""
-    levels, beta = cfg.diag_levels, tile.beta
+def _dq_field_terms(cfg, tile, p, ds, extra, diagonal, path, r, gap, row_acc):
+    """FPA's query-side sums of one tile into row_acc = (dpsi?, share, dsum, pgap) (dsum is
+    added by the caller): the paths of `_dkv_field_terms`."""
+    beta = tile.beta
     gap_min, gap_mass = gap
-    block_share = (1 if cfg.query_level else 0) + levels
+    block_share = 1 if cfg.query_level else 0
 
     def common(row_acc):
         """(row_acc with pgap and, with query levels, d level added, coef / beta)."""
@@ -649,10 +654,9 @@ def _dq_field_terms(cfg, tile, p, ds, extra, diagonal, path, r, diag, gap, row_a
 
     def exact(row_acc):
         row_acc, coef = common(row_acc)
-        sums, _ = tile.exact_shares(coef, extra, diagonal, "query", *diag, gap_min, gap_mass)
-        first = block_share - levels if diagonal else block_share
-        for offset, total in enumerate(sums):
-            row_acc[first + offset] = row_acc[first + offset] + beta * total
+        if not diagonal:
+            total, _ = tile.exact_shares(coef, "query", gap_min, gap_mass)
+            row_acc[block_share] = row_acc[block_share] + beta * total
         return tuple(row_acc)
 
     def separable(row_acc):
@@ -759,8 +763,8 @@ def dq_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
                     row_acc[-2] = row_acc[-2] + tile.sum_over_keys(ds)
                     if field_work:
                         row_acc = _dq_field_terms(cfg, tile, p, ds, extra, diagonal,
-                                                  path, r, (diag_rows, diag_cols),
-                                                  (gap_min, gap_mass), tuple(row_acc))
+                                                  path, r, (gap_min, gap_mass),
+                                                  tuple(row_acc))
                 return dq, tuple(row_acc)
 
             r = path = None
@@ -815,6 +819,6 @@ def dq_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
     ]
     body.__name__ = f"attention_dq_{cfg.mode}"  # the kernel's name in profiles
     return plgpu.kernel(
-        body, out_type=tuple(out_types), scratch_types=scratch,
+        body, out_type=tuple(out_types), scratch_types=scratch, compiler_params=COMPILER_PARAMS,
         grid=(heads, nb, batch), grid_names=("h", "qb", "b"),
     )(q, k, v, dout, rowp, colp, rowd, cold, beta)

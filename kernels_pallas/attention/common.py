@@ -3,20 +3,34 @@
     BIG                  stands for +inf in minima (no inf - inf)
     SUPPORTED_HEAD_DIMS  head dims the kernels are built for
     decay(excess, tau)   exp(-excess / tau) for excess >= 0 (clamped), with a multiply
+    reciprocal(x)        1 / x for x > 0 as rsqrt(x)^2 (one MUFU op instead of a division)
+    COMPILER_PARAMS      the kernels' Mosaic GPU options: approximate exp / exp2 / log /
+                         rsqrt (the hardware's ex2 / lg2 / rsqrt, relative error near 2^-22,
+                         far below the bf16 rounding of the results; the GPU interpreter of the
+                         tests computes them exactly)
     dead_key_bounds, no_dead_floor   the bound under which an off-diagonal FPA tile (level
                          psi_s) has no dead pair: R_ts - psi_s >= min(A_s - psi_s, G - psi_s,
                          C_t - psi_s) >= min(kap_j, min(G, clo_i) - kpmax_j)
 """
 
 import jax.numpy as jnp
+from jax import lax
+from jax.experimental.pallas import mosaic_gpu as plgpu
 
 BIG = 1e30
 SUPPORTED_HEAD_DIMS = (64, 128)
+COMPILER_PARAMS = plgpu.CompilerParams(approx_math=True)
 
 
 def decay(excess, tau):
     """exp(-excess / tau) for excess >= 0 (negative excess is clamped to 0)."""
     return jnp.exp(jnp.maximum(excess, 0.0) * (-1.0 / tau))
+
+
+def reciprocal(x):
+    """1 / x for x > 0 (finite, normal): rsqrt(x)^2."""
+    root = lax.rsqrt(x)
+    return root * root
 
 
 def dead_key_bounds(suffix_min, psi, n):

@@ -50,7 +50,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from kernels_pallas.attention.common import BIG, no_dead_floor
+from kernels_pallas.attention.common import BIG, COMPILER_PARAMS, no_dead_floor
 
 BLOCK = 64
 LOG2E = math.log2(math.e)
@@ -367,6 +367,6 @@ def forward_kernel(cfg: ForwardConfig, q, k, v, rowp, colp):
     ]
     body.__name__ = f"attention_forward_{cfg.mode}"  # the kernel's name in profiles
     return plgpu.kernel(
-        body, out_type=tuple(out_types), scratch_types=scratch,
+        body, out_type=tuple(out_types), scratch_types=scratch, compiler_params=COMPILER_PARAMS,
         grid=(heads, nb, batch), grid_names=("h", "qb", "b"),
     )(q, k, v, rowp, colp)
