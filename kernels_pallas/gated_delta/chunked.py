@@ -2,8 +2,8 @@
 
 Same math as `gdn_jax.ops.chunk` (chunk C = 64, WY form). The per-chunk preparation (A,
 (I + A)^{-1}, W, U, Kw and the intra-chunk attention P) runs in the Pallas kernel
-`wy_kernel.prepare` (its backward: the kernel again for the inverse, then XLA autodiff of
-`wy.prepare_reference` with that inverse given); XLA forms the per-token rows
+`wy_kernel.prepare` (its backward: the kernel again for the inverse, then the hand-written
+`wy.prepare_backward` in XLA with that inverse given); XLA forms the per-token rows
 (`wy.chunk_rows`) and the outputs from the entering states
 
     O_c = diag(e) Q_c S_c + (Q_c K_c^T ⊙ Gamma) (U_c - W_c S_c)
@@ -130,8 +130,8 @@ def _wy_kernel(scale, with_inverse):
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
 def wy_preparation(q, k, v, rows, scale):
     """(W, U, Kw, P) chunk-major from the kernel (`wy_kernel.prepare`). Backward: the kernel
-    runs again for T = (I + A)^{-1} and XLA differentiates `wy.prepare_reference` with T
-    given (no residuals beyond the inputs)."""
+    runs again for T = (I + A)^{-1}, then `wy.prepare_backward` with T given (no residuals
+    beyond the inputs)."""
     return _wy_kernel(scale, False)(q, k, v, rows)
 
 
@@ -141,9 +141,7 @@ def _wy_preparation_fwd(q, k, v, rows, scale):
 
 def _wy_preparation_bwd(scale, residuals, cotangents):
     inverse = _wy_kernel(scale, True)(*residuals)[4]
-    _, pull = jax.vjp(lambda *xs: wy.prepare_reference(*xs, scale=scale, inverse=inverse)[:4],
-                      *residuals)
-    return pull(tuple(c.astype(jnp.float32) for c in cotangents))
+    return wy.prepare_backward(*residuals, inverse, cotangents, scale=scale)
 
 
 wy_preparation.defvjp(_wy_preparation_fwd, _wy_preparation_bwd)

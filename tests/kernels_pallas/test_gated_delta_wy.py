@@ -1,5 +1,6 @@
 """The WY preparation kernel (`wy_kernel.prepare`) in GPU interpret mode against its XLA
-version (`wy.prepare_reference`), and its CUDA lowering."""
+version (`wy.prepare_reference`), its CUDA lowering, and the hand-written backward
+(`wy.prepare_backward`) against autodiff of `wy.prepare_reference` with the same inverse."""
 
 import numpy as np
 import jax
@@ -78,3 +79,46 @@ def test_wy_kernel_lowers_to_mosaic_gpu(key_dim, value_dim, dtype, with_inverse)
             spec((1, 128, 2, value_dim), dtype), spec((1, 2, 2, len(wy.ROWS), 64), jnp.float32))
     run = jax.jit(lambda *a: wy_kernel.prepare(*a, scale=0.1, with_inverse=with_inverse))
     assert "mosaic_gpu" in run.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+
+
+BACKWARD_CASES = {   # columns as in CASES
+    "float32": (1, 128, 2, 1, 64, 64, (-0.3, 0.0), (), False, jnp.float32, 1e-5),
+    "float32_resets_grouped": (2, 100, 1, 2, 64, 32, (-0.3, 0.0), (30, 64, 65), False,
+                               jnp.float32, 1e-5),
+    "float32_strong_decay_correlated": (1, 128, 2, 1, 32, 64, (-6.0, -4.0), (), True,
+                                        jnp.float32, 1e-5),
+    # bf16: the products take bf16 operands (T, dU, the recomputed W and U, dR, dS, dG: each
+    # rounded to 2^-9 relative) while the oracle runs float32 on the same bf16 inputs; these
+    # roundings add up to at most 5.3e-3 here over 8 seeds, 2e-2 leaves a 4x margin
+    "bf16_resets_grouped_correlated": (1, 128, 2, 2, 64, 64, (-0.3, 0.0), (20, 100), True,
+                                       jnp.bfloat16, 2e-2),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BACKWARD_CASES))
+def test_prepare_backward_matches_autodiff(name):
+    *shape, gate, resets, correlated, dtype, tol = BACKWARD_CASES[name]
+    seed = case_seed(320 + sorted(BACKWARD_CASES).index(name))
+    q, k, v, rows = _inputs(seed, *shape, gate, resets, correlated, dtype)
+    outputs = wy.prepare_reference(q, k, v, rows, scale=0.3)
+    inverse = outputs[4]
+    rng = np.random.default_rng(seed + 1)
+    cotangents = tuple(jnp.asarray(rng.standard_normal(x.shape), d)   # the kernel's dtypes
+                       for x, d in zip(outputs[:4], (dtype, jnp.float32, dtype, dtype)))
+
+    _, pull = jax.vjp(lambda *xs: wy.prepare_reference(*xs, scale=0.3, inverse=inverse)[:4],
+                      q, k, v, rows)
+    want = pull(tuple(c.astype(jnp.float32) for c in cotangents))
+    got = jax.jit(lambda *xs: wy.prepare_backward(*xs, scale=0.3))(q, k, v, rows, inverse,
+                                                                   cotangents)
+    for label, a, b in zip(("dq", "dk", "dv", "drows"), got, want):
+        assert a.shape == b.shape and a.dtype == b.dtype, label
+        assert np.isfinite(np.asarray(a, np.float32)).all(), label
+    for label, a, b in zip(("dq", "dk", "dv"), got, want):
+        assert _rel(a, b) < tol, (label, _rel(a, b))
+    for slot, label in enumerate(wy.ROWS):      # each row on its own scale
+        a, b = got[3][:, :, :, slot], want[3][:, :, :, slot]
+        if label.startswith("document"):
+            assert not np.asarray(a).any() and not np.asarray(b).any(), label
+        else:
+            assert _rel(a, b) < tol, (label, _rel(a, b))
