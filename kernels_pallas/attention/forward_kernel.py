@@ -172,7 +172,7 @@ def forward_kernel(cfg: ForwardConfig, q, k, v, rowp, colp):
         rest = list(rest)
         count_ref = rest.pop(0) if cfg.count_pruned else None
         out32_ref = rest.pop(0) if cfg.float32_out else None
-        q_s, k_s, v_s, rowp_s, colp_s, p_s, lse_s, out32_s, bars = rest
+        q_s, rowp_s, lse_s, bars = rest
         h = lax.axis_index("h")
         i = nb - 1 - lax.axis_index("qb")  # longest rows first
         b = lax.axis_index("b")
@@ -181,190 +181,204 @@ def forward_kernel(cfg: ForwardConfig, q, k, v, rowp, colp):
         if row_names:
             plgpu.copy_gmem_to_smem(rowp_ref.at[b, h, i], rowp_s, bars.at[1])
 
-        def fetch_kv(j):
-            slot, keys = lax.rem(j, 2), (b, pl.ds(j * n, n), h)
-            if cfg.content:
-                plgpu.copy_gmem_to_smem(k_ref.at[keys], k_s.at[slot], bars.at[2 + slot])
-            plgpu.copy_gmem_to_smem(v_ref.at[keys], v_s.at[slot], bars.at[4 + slot])
+        def sweep(k_s, v_s, colp_s, p_s=None):
+            """The online softmax over the key blocks; its buffers are scoped, so that the
+            epilogue's float32 staging reuses their shared memory."""
+            def fetch_kv(j):
+                slot, keys = lax.rem(j, 2), (b, pl.ds(j * n, n), h)
+                if cfg.content:
+                    plgpu.copy_gmem_to_smem(k_ref.at[keys], k_s.at[slot], bars.at[2 + slot])
+                plgpu.copy_gmem_to_smem(v_ref.at[keys], v_s.at[slot], bars.at[4 + slot])
 
-        def wait_kv(j):
-            slot = lax.rem(j, 2)
-            if cfg.content:
-                plgpu.barrier_wait(bars.at[2 + slot])
-            plgpu.barrier_wait(bars.at[4 + slot])
+            def wait_kv(j):
+                slot = lax.rem(j, 2)
+                if cfg.content:
+                    plgpu.barrier_wait(bars.at[2 + slot])
+                plgpu.barrier_wait(bars.at[4 + slot])
 
-        def fetch_cols(j):
-            slot = lax.rem(j, 3)
-            plgpu.copy_gmem_to_smem(colp_ref.at[b, h, j], colp_s.at[slot], bars.at[6 + slot])
+            def fetch_cols(j):
+                slot = lax.rem(j, 3)
+                plgpu.copy_gmem_to_smem(colp_ref.at[b, h, j], colp_s.at[slot], bars.at[6 + slot])
 
-        def wait_cols(j):
-            plgpu.barrier_wait(bars.at[6 + lax.rem(j, 3)])
+            def wait_cols(j):
+                plgpu.barrier_wait(bars.at[6 + lax.rem(j, 3)])
 
-        fetch_kv(i)
-        if col_names:
-            fetch_cols(i)
-        plgpu.barrier_wait(bars.at[0])
-        if row_names:
-            plgpu.barrier_wait(bars.at[1])
-        rows = _Pack(rowp_s, row_names)
-        rows.preload(("start", "row", "pre", "psi"),
-                     ("start", "beta", "qn", "dmin", "rmax", "cmax", "qc", "qp"))
-        t_local = plgpu.broadcasted_iota(jnp.int32, shape, 0, layout=plgpu.Layout.WGMMA)
-        s_local = plgpu.broadcasted_iota(jnp.int32, shape, 1, layout=plgpu.Layout.WGMMA)
-        if cfg.segments:
-            first_start = rows.scalar("start").astype(jnp.int32)
-            j_lo = lax.div(first_start, n)
-        else:
-            j_lo = 0
-        if col_names:
-            pl.when(i - 1 >= j_lo)(lambda: fetch_cols(i - 1))
-            wait_cols(i)
-        beta = rows.scalar("beta") if fpa else None
-
-        def tile_bias(cols, diagonal, gap_min):
-            if cfg.mode == "none":
-                return None
-            if cfg.mode == "separable":
-                return rows.vec("row", 0, shape) - cols.vec("col", 1, shape)
-            if diagonal:
-                range_min = jnp.full(shape, BIG, jnp.float32)
-                later = s_local < t_local
-                for level in range(cfg.levels):
-                    pair = ((t_local >> (level + 1)) == (s_local >> (level + 1))) & \
-                           ((t_local >> level) != (s_local >> level)) & later
-                    piece = jnp.minimum(rows.vec(f"dsuf{level}", 1, shape),
-                                        rows.vec(f"dpre{level}", 0, shape))
-                    range_min = jnp.where(pair, piece, range_min)
-                level = rows.vec("psi", 0, shape) if cfg.query_level else rows.vec("dpsi", 1, shape)
-            else:
-                suffix = jnp.minimum(cols.vec("suf", 1, shape), gap_min)
-                range_min = jnp.minimum(suffix, rows.vec("pre", 0, shape))
-                level = rows.vec("psi", 0, shape) if cfg.query_level else cols.vec("psi", 1, shape)
-            return (beta * LOG2E) * jnp.minimum(range_min - level, 0.0)
-
-        def compute(j, slot, cols, diagonal, gap_min, state, biased=True):
-            acc, m, l = state
-            logits = tile_bias(cols, diagonal, gap_min) if biased else None
-            if cfg.content:
-                scores = (cfg.scale * LOG2E) * _matmul(q_s, k_s.at[slot].transpose((1, 0)), shape)
-                logits = scores if logits is None else scores + logits
-            elif logits is None:
-                logits = plgpu.layout_cast(jnp.zeros(shape, jnp.float32), plgpu.Layout.WGMMA)
-            valid = None
-            if diagonal:
-                valid = s_local <= t_local
-            if cfg.segments:
-                same = (s_local + j * n) >= rows.vec("start", 0, shape).astype(jnp.int32)
-                valid = same if valid is None else valid & same
-            if valid is not None:
-                logits = jnp.where(valid, logits, -jnp.inf)
-            m_new = jnp.maximum(m, logits.max(axis=1))
-            alpha = jnp.exp2(m - m_new)
-            p = jnp.exp2(logits - lax.broadcast_in_dim(m_new, shape, [0]))
-            l = l * alpha + p.sum(axis=1)
-            acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
-            if cfg.p_in_registers:
-                def accumulate(acc_ref):
-                    plgpu.wgmma(acc_ref, p.astype(q.dtype), v_s.at[slot])
-                acc = pl.run_state(accumulate)(plgpu.ACC.init(acc))
-            else:
-                p_s[...] = p.astype(p_s.dtype)
-                plgpu.commit_smem()
-                acc = acc + _matmul(p_s, v_s.at[slot], (n, head_dim))
-            return acc, m_new, l
-
-        def skip_tile(cols, gap_min):
-            qn_kn = rows.scalar("qn") * cols.scalar("kn")
-            if cfg.mode == "separable":
-                bound = rows.scalar("rmax") - cols.scalar("cmin")
-            elif cfg.query_level:
-                bound = jnp.minimum(rows.scalar("qc"), gap_min - rows.scalar("qp"))
-                bound = beta * jnp.minimum(bound, 0.0)
-            else:
-                kp = cols.scalar("kp")
-                bound = jnp.minimum(gap_min, rows.scalar("cmax")) - kp
-                bound = beta * jnp.minimum(bound, 0.0)
-            return bound + qn_kn < rows.scalar("dmin") - cfg.margin
-
-        def step(j, carry, diagonal):
-            """Tile (i, j); also fetches ahead: column pack of j - 2, key / value of j - 1
-            (unless pruned: its decision needs j - 1's column pack and the gap after j)."""
-            state, gap_min, skip, pruned = carry
-            has_next = j - 1 >= j_lo
+            fetch_kv(i)
             if col_names:
-                pl.when(j - 2 >= j_lo)(lambda: fetch_cols(j - 2))
-            cols = _Pack(colp_s.at[lax.rem(j, 3)], col_names)
-            gap_next = gap_min
-            if fpa and not diagonal:
-                gap_next = jnp.minimum(gap_min, cols.scalar("bmin"))
-            if cfg.prune:
-                pl.when(has_next)(lambda: wait_cols(j - 1))
-                next_cols = _Pack(colp_s.at[lax.rem(j - 1, 3)], col_names)
-                skip_next = has_next & skip_tile(next_cols, gap_next)
-                pl.when(has_next & jnp.logical_not(skip_next))(lambda: fetch_kv(j - 1))
+                fetch_cols(i)
+            plgpu.barrier_wait(bars.at[0])
+            if row_names:
+                plgpu.barrier_wait(bars.at[1])
+            rows = _Pack(rowp_s, row_names)
+            rows.preload(("start", "row", "pre", "psi"),
+                         ("start", "beta", "qn", "dmin", "rmax", "cmax", "qc", "qp"))
+            t_local = plgpu.broadcasted_iota(jnp.int32, shape, 0, layout=plgpu.Layout.WGMMA)
+            s_local = plgpu.broadcasted_iota(jnp.int32, shape, 1, layout=plgpu.Layout.WGMMA)
+            if cfg.segments:
+                first_start = rows.scalar("start").astype(jnp.int32)
+                j_lo = lax.div(first_start, n)
             else:
-                skip_next = skip
-                pl.when(has_next)(lambda: fetch_kv(j - 1))
+                j_lo = 0
+            if col_names:
+                pl.when(i - 1 >= j_lo)(lambda: fetch_cols(i - 1))
+                wait_cols(i)
+            beta = rows.scalar("beta") if fpa else None
+
+            def tile_bias(cols, diagonal, gap_min):
+                if cfg.mode == "none":
+                    return None
+                if cfg.mode == "separable":
+                    return rows.vec("row", 0, shape) - cols.vec("col", 1, shape)
+                if diagonal:
+                    range_min = jnp.full(shape, BIG, jnp.float32)
+                    later = s_local < t_local
+                    for level in range(cfg.levels):
+                        pair = ((t_local >> (level + 1)) == (s_local >> (level + 1))) & \
+                               ((t_local >> level) != (s_local >> level)) & later
+                        piece = jnp.minimum(rows.vec(f"dsuf{level}", 1, shape),
+                                            rows.vec(f"dpre{level}", 0, shape))
+                        range_min = jnp.where(pair, piece, range_min)
+                    level = rows.vec("psi", 0, shape) if cfg.query_level else rows.vec("dpsi", 1, shape)
+                else:
+                    suffix = jnp.minimum(cols.vec("suf", 1, shape), gap_min)
+                    range_min = jnp.minimum(suffix, rows.vec("pre", 0, shape))
+                    level = rows.vec("psi", 0, shape) if cfg.query_level else cols.vec("psi", 1, shape)
+                return (beta * LOG2E) * jnp.minimum(range_min - level, 0.0)
+
+            def compute(j, slot, cols, diagonal, gap_min, state, biased=True):
+                acc, m, l = state
+                logits = tile_bias(cols, diagonal, gap_min) if biased else None
+                if cfg.content:
+                    scores = (cfg.scale * LOG2E) * _matmul(q_s, k_s.at[slot].transpose((1, 0)), shape)
+                    logits = scores if logits is None else scores + logits
+                elif logits is None:
+                    logits = plgpu.layout_cast(jnp.zeros(shape, jnp.float32), plgpu.Layout.WGMMA)
+                valid = None
+                if diagonal:
+                    valid = s_local <= t_local
+                if cfg.segments:
+                    same = (s_local + j * n) >= rows.vec("start", 0, shape).astype(jnp.int32)
+                    valid = same if valid is None else valid & same
+                if valid is not None:
+                    logits = jnp.where(valid, logits, -jnp.inf)
+                m_new = jnp.maximum(m, logits.max(axis=1))
+                alpha = jnp.exp2(m - m_new)
+                p = jnp.exp2(logits - lax.broadcast_in_dim(m_new, shape, [0]))
+                l = l * alpha + p.sum(axis=1)
+                acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
+                if cfg.p_in_registers:
+                    def accumulate(acc_ref):
+                        plgpu.wgmma(acc_ref, p.astype(q.dtype), v_s.at[slot])
+                    acc = pl.run_state(accumulate)(plgpu.ACC.init(acc))
+                else:
+                    p_s[...] = p.astype(p_s.dtype)
+                    plgpu.commit_smem()
+                    acc = acc + _matmul(p_s, v_s.at[slot], (n, head_dim))
+                return acc, m_new, l
+
+            def skip_tile(cols, gap_min):
+                qn_kn = rows.scalar("qn") * cols.scalar("kn")
+                if cfg.mode == "separable":
+                    bound = rows.scalar("rmax") - cols.scalar("cmin")
+                elif cfg.query_level:
+                    bound = jnp.minimum(rows.scalar("qc"), gap_min - rows.scalar("qp"))
+                    bound = beta * jnp.minimum(bound, 0.0)
+                else:
+                    kp = cols.scalar("kp")
+                    bound = jnp.minimum(gap_min, rows.scalar("cmax")) - kp
+                    bound = beta * jnp.minimum(bound, 0.0)
+                return bound + qn_kn < rows.scalar("dmin") - cfg.margin
+
+            def step(j, carry, diagonal):
+                """Tile (i, j); also fetches ahead: column pack of j - 2, key / value of j - 1
+                (unless pruned: its decision needs j - 1's column pack and the gap after j)."""
+                state, gap_min, skip, pruned = carry
+                has_next = j - 1 >= j_lo
                 if col_names:
+                    pl.when(j - 2 >= j_lo)(lambda: fetch_cols(j - 2))
+                cols = _Pack(colp_s.at[lax.rem(j, 3)], col_names)
+                gap_next = gap_min
+                if fpa and not diagonal:
+                    gap_next = jnp.minimum(gap_min, cols.scalar("bmin"))
+                if cfg.prune:
                     pl.when(has_next)(lambda: wait_cols(j - 1))
-            run = lambda s: compute(j, lax.rem(j, 2), cols, diagonal, gap_min, s)
-            if cfg.unbiased_tiles and not diagonal:
-                floor = no_dead_floor(cols.scalar("kap"), cols.scalar("kpmax"), gap_min,
-                                      rows.scalar("clo"))
-                biased_run, plain_run = run, lambda s: compute(
-                    j, lax.rem(j, 2), cols, diagonal, gap_min, s, biased=False)
-                run = lambda s: lax.cond(floor >= 0.0, plain_run, biased_run, s)
-            if cfg.prune and not diagonal:
-                pl.when(jnp.logical_not(skip))(lambda: wait_kv(j))
-                state = lax.cond(skip, lambda s: s, run, state)
-                if cfg.count_pruned:
-                    pruned = pruned + skip.astype(jnp.float32)
-            else:
-                wait_kv(j)
-                state = run(state)
-            return state, gap_next, skip_next, pruned
+                    next_cols = _Pack(colp_s.at[lax.rem(j - 1, 3)], col_names)
+                    skip_next = has_next & skip_tile(next_cols, gap_next)
+                    pl.when(has_next & jnp.logical_not(skip_next))(lambda: fetch_kv(j - 1))
+                else:
+                    skip_next = skip
+                    pl.when(has_next)(lambda: fetch_kv(j - 1))
+                    if col_names:
+                        pl.when(has_next)(lambda: wait_cols(j - 1))
+                run = lambda s: compute(j, lax.rem(j, 2), cols, diagonal, gap_min, s)
+                if cfg.unbiased_tiles and not diagonal:
+                    floor = no_dead_floor(cols.scalar("kap"), cols.scalar("kpmax"), gap_min,
+                                          rows.scalar("clo"))
+                    biased_run, plain_run = run, lambda s: compute(
+                        j, lax.rem(j, 2), cols, diagonal, gap_min, s, biased=False)
+                    run = lambda s: lax.cond(floor >= 0.0, plain_run, biased_run, s)
+                if cfg.prune and not diagonal:
+                    pl.when(jnp.logical_not(skip))(lambda: wait_kv(j))
+                    state = lax.cond(skip, lambda s: s, run, state)
+                    if cfg.count_pruned:
+                        pruned = pruned + skip.astype(jnp.float32)
+                else:
+                    wait_kv(j)
+                    state = run(state)
+                return state, gap_next, skip_next, pruned
 
-        acc = plgpu.layout_cast(jnp.zeros((n, head_dim), jnp.float32), plgpu.Layout.WGMMA)
-        m = plgpu.layout_cast(jnp.full((n,), -jnp.inf, jnp.float32), plgpu.Layout.WGMMA.reduce(1))
-        l = plgpu.layout_cast(jnp.zeros((n,), jnp.float32), plgpu.Layout.WGMMA.reduce(1))
-        gap_min = jnp.float32(BIG)
-        pruned = jnp.float32(0.0)
-        carry = step(i, ((acc, m, l), gap_min, jnp.bool_(False), pruned), diagonal=True)
+            acc = plgpu.layout_cast(jnp.zeros((n, head_dim), jnp.float32), plgpu.Layout.WGMMA)
+            m = plgpu.layout_cast(jnp.full((n,), -jnp.inf, jnp.float32), plgpu.Layout.WGMMA.reduce(1))
+            l = plgpu.layout_cast(jnp.zeros((n,), jnp.float32), plgpu.Layout.WGMMA.reduce(1))
+            gap_min = jnp.float32(BIG)
+            pruned = jnp.float32(0.0)
+            carry = step(i, ((acc, m, l), gap_min, jnp.bool_(False), pruned), diagonal=True)
 
-        def off_diagonal(offset, c):
-            return step(i - 1 - offset, c, diagonal=False)
+            def off_diagonal(offset, c):
+                return step(i - 1 - offset, c, diagonal=False)
 
-        (acc, m, l), _, _, pruned = lax.fori_loop(0, i - j_lo, off_diagonal, carry)
+            (acc, m, l), _, _, pruned = lax.fori_loop(0, i - j_lo, off_diagonal, carry)
+            return (acc, m, l), (pruned if cfg.count_pruned else None)
+
+        (acc, m, l), pruned = pl.run_scoped(sweep, *sweep_scratch)
         out = acc / lax.broadcast_in_dim(l, acc.shape, [0])
-        q_s[...] = out.astype(q_s.dtype)
-        if out32_s is not None:
-            out32_s[...] = out
-        lse_s[...] = m * LN2 + jnp.log(l)
-        plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(q_s, out_ref.at[queries])
-        if out32_s is not None:
-            plgpu.copy_smem_to_gmem(out32_s, out32_ref.at[queries])
-        plgpu.copy_smem_to_gmem(lse_s, lse_ref.at[b, h, pl.ds(i * n, n)])
-        if count_ref is not None:
-            count_s = colp_s.at[0, 0]
-            count_s[...] = plgpu.layout_cast(jnp.full((n,), 0.0, jnp.float32) + pruned,
-                                             plgpu.Layout.WGMMA.reduce(1))
+
+        def epilogue(out32_s=None, count_s=None):
+            q_s[...] = out.astype(q_s.dtype)
+            if out32_s is not None:
+                out32_s[...] = out
+            lse_s[...] = m * LN2 + jnp.log(l)
+            if count_s is not None:
+                count_s[...] = plgpu.layout_cast(jnp.full((n,), 0.0, jnp.float32) + pruned,
+                                                 plgpu.Layout.WGMMA.reduce(1))
             plgpu.commit_smem()
-            plgpu.copy_smem_to_gmem(count_s, count_ref.at[b, h, i])
-        plgpu.wait_smem_to_gmem(0)
+            plgpu.copy_smem_to_gmem(q_s, out_ref.at[queries])
+            if out32_s is not None:
+                plgpu.copy_smem_to_gmem(out32_s, out32_ref.at[queries])
+            plgpu.copy_smem_to_gmem(lse_s, lse_ref.at[b, h, pl.ds(i * n, n)])
+            if count_s is not None:
+                plgpu.copy_smem_to_gmem(count_s, count_ref.at[b, h, i])
+            plgpu.wait_smem_to_gmem(0)
+
+        pl.run_scoped(epilogue, **epilogue_scratch)
 
     dtype = q.dtype
     scratch = [
         _smem_tile((n, head_dim), dtype),
-        _smem_tile((2, n, head_dim), dtype),
-        _smem_tile((2, n, head_dim), dtype),
         plgpu.SMEM((max(len(row_names), 1), n), jnp.float32),
-        plgpu.SMEM((3, ncols, n), jnp.float32),
-        None if cfg.p_in_registers else _smem_tile((n, n), dtype),
         plgpu.SMEM((n,), jnp.float32),
-        _smem_tile((n, head_dim), jnp.float32) if cfg.float32_out else None,
         plgpu.Barrier(num_barriers=9),
     ]
+    # scoped: the sweep's buffers, then in the same shared memory the epilogue's staging
+    sweep_scratch = [_smem_tile((2, n, head_dim), dtype), _smem_tile((2, n, head_dim), dtype),
+                     plgpu.SMEM((3, ncols, n), jnp.float32)]
+    if not cfg.p_in_registers:
+        sweep_scratch.append(_smem_tile((n, n), dtype))
+    epilogue_scratch = {}
+    if cfg.float32_out:
+        epilogue_scratch["out32_s"] = _smem_tile((n, head_dim), jnp.float32)
+    if cfg.count_pruned:
+        epilogue_scratch["count_s"] = plgpu.SMEM((n,), jnp.float32)
     body.__name__ = f"attention_forward_{cfg.mode}"  # the kernel's name in profiles
     return plgpu.kernel(
         body, out_type=tuple(out_types), scratch_types=scratch, compiler_params=COMPILER_PARAMS,
