@@ -36,6 +36,7 @@ from kernels_pallas.attention.common import BIG, SUPPORTED_HEAD_DIMS, dead_key_b
 from kernels_pallas.attention.backward_diagonal import diagonal_shares_kernel
 from kernels_pallas.attention.backward_kernels import BLOCK, KernelConfig, dkv_kernel, dq_kernel
 from kernels_pallas.attention.forward import document_start_index, heads_major, pruning_margin
+from kernels_pallas.interpret import interpret_active
 from kernels_pallas.padding import pad_time
 
 
@@ -57,8 +58,11 @@ def _to_bth(x, length):
 
 
 def kernel_config(bias, scale, segment_ids, length, block=BLOCK, prune=False,
-                  lhs_in_registers=False):
-    """The static configuration of the kernels for this bias."""
+                  lhs_in_registers=None):
+    """The static configuration of the kernels for this bias. lhs_in_registers: None picks
+    registers when compiled, shared memory in the GPU interpreter."""
+    if lhs_in_registers is None:
+        lhs_in_registers = not interpret_active()
     fpa = isinstance(bias, FPABias)
     mode = "fpa" if fpa else "separable" if isinstance(bias, SeparableBias) else "none"
     return KernelConfig(mode=mode, scale=float(scale), block=block,
@@ -152,10 +156,11 @@ def prepare(cfg, q, k, v, out, lse, dout, bias, segment_ids):
             vectors["alo"] = _per_block(vectors["suf_min"], n, jnp.min)
             vectors["kap"], vectors["kpmax"] = dead_key_bounds(vectors["suf_min"],
                                                                vectors["psi"], n)
-        interleave = lambda a, m: [x for level in range(top)
-                                   for x in (a[:, :, level], m[:, :, level])]
-        rowd = _pack(interleave(pre_min, pre_mass), n)
-        cold = _pack(interleave(suf_min, suf_mass), n)
+        # the diagonal's level rows: minima of levels 0 .. top-1, then their masses (the sweep
+        # kernels load only the minima, for the bias; backward_diagonal.py loads both)
+        by_level = lambda a, m: [x[:, :, level] for x in (a, m) for level in range(top)]
+        rowd = _pack(by_level(pre_min, pre_mass), n)
+        cold = _pack(by_level(suf_min, suf_mass), n)
         beta = jnp.broadcast_to(bias.beta.astype(jnp.float32)[:, None, None], (heads, 1, n))
     if cfg.skips and segment_ids is not None:
         ends = document_end_index(segment_ids, padded, n)

@@ -36,9 +36,9 @@ Two sweep kernels, no atomics: `dkv` runs one program per key block j over query
 (dk, dv, column sums, and the per-tile gap totals), `dq` one per query block i over key blocks
 j <= i (dq, row sums). Each recomputes the tile; the next query/key block's tiles are prefetched
 by TMA into a second buffer while the current one is computed. Matmul operands that the
-kernel computes (P, dS) go through shared memory (the GPU interpreter of the tests supports
-wgmma only from shared memory) unless lhs_in_registers, a compiled-only variant that feeds them
-to wgmma from registers (lowering-tested; not yet timed on the GPU).
+kernel computes (P, dS) feed wgmma from registers (lhs_in_registers, the compiled default: no
+shared-memory staging, 16 KB less shared memory per dk/dv program and 8 KB per dq program) or
+through shared memory (the GPU interpreter of the tests supports wgmma only from there).
 
 Per-block vectors travel packed: [B, H, nb, rows, n] float32, one TMA per block.
 """
@@ -73,7 +73,8 @@ class KernelConfig:
     content: bool = True
     prune: bool = False       # skip the forward's pruned tiles and other documents' tiles
     margin: float = 0.0
-    lhs_in_registers: bool = False  # P, dS as wgmma operands from registers (compiled only)
+    lhs_in_registers: bool = False  # P, dS as wgmma operands from registers (compiled only;
+                                    # backward.kernel_config picks it outside the interpreter)
 
     @property
     def skips(self):
@@ -220,7 +221,7 @@ def _matmul_lhs(cfg, lhs, lhs_smem, b_smem, shape):
     """
     if cfg.lhs_in_registers:
         def body(acc):
-            plgpu.wgmma(acc, lhs.astype(lhs_smem.dtype), b_smem)
+            plgpu.wgmma(acc, lhs.astype(b_smem.dtype), b_smem)
             return acc[...]
         return pl.run_scoped(body, plgpu.ACC(shape, jnp.float32))
     lhs_smem[...] = lhs.astype(lhs_smem.dtype)
@@ -282,8 +283,8 @@ class _Tile:
             return jnp.minimum(jnp.minimum(self.col("suf_min"), gap_min), self.row("pre_min"))
         range_min = jnp.full(self.shape, BIG, jnp.float32)
         for level, mask in enumerate(self.level_masks()):
-            suf = diag_cols.full("suf", self.shape, row=2 * level)
-            pre = diag_rows.full("pre", self.shape, row=2 * level)
+            suf = diag_cols.full("suf", self.shape, row=level)
+            pre = diag_rows.full("pre", self.shape, row=level)
             range_min = jnp.where(mask, jnp.minimum(suf, pre), range_min)
         return range_min
 
@@ -354,15 +355,15 @@ class _Tile:
         level]). Each pair s < t lies in one dyadic level, whose two pieces (the key side's
         suffix, the query side's prefix) are selected per pair: two exponentials and one
         division per pair, then the shares are summed by level."""
-        tau = self.cfg.tau
+        tau, levels = self.cfg.tau, self.cfg.diag_levels
         masks = self.level_masks()
         suf = pre = suf_mass = pre_mass = None
         for level, level_mask in enumerate(masks):
             pick = lambda chosen, x: x if chosen is None else jnp.where(level_mask, x, chosen)
-            suf = pick(suf, diag_cols.full("suf", self.shape, row=2 * level))
-            suf_mass = pick(suf_mass, diag_cols.full("suf", self.shape, row=2 * level + 1))
-            pre = pick(pre, diag_rows.full("pre", self.shape, row=2 * level))
-            pre_mass = pick(pre_mass, diag_rows.full("pre", self.shape, row=2 * level + 1))
+            suf = pick(suf, diag_cols.full("suf", self.shape, row=level))
+            suf_mass = pick(suf_mass, diag_cols.full("suf", self.shape, row=levels + level))
+            pre = pick(pre, diag_rows.full("pre", self.shape, row=level))
+            pre_mass = pick(pre_mass, diag_rows.full("pre", self.shape, row=levels + level))
         to_key = _decay(suf - range_min, tau)
         to_query = _decay(pre - range_min, tau)
         base = coef * reciprocal(jnp.maximum(suf_mass * to_key + pre_mass * to_query, 1.0))
@@ -511,8 +512,9 @@ def dkv_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
         plgpu.copy_gmem_to_smem(v_ref.at[keys], v_s, bars.at[1])
         plgpu.copy_gmem_to_smem(colp_ref.at[b, h, j], colp_s, bars.at[2])
         if fpa:
-            plgpu.copy_gmem_to_smem(rowd_ref.at[b, h, j], rowd_s, bars.at[3])
-            plgpu.copy_gmem_to_smem(cold_ref.at[b, h, j], cold_s, bars.at[4])
+            minima = pl.ds(0, levels)  # the diagonal's level minima (for the bias)
+            plgpu.copy_gmem_to_smem(rowd_ref.at[b, h, j, minima], rowd_s, bars.at[3])
+            plgpu.copy_gmem_to_smem(cold_ref.at[b, h, j, minima], cold_s, bars.at[4])
             plgpu.copy_gmem_to_smem(beta_ref.at[h], beta_s, bars.at[5])
 
         def fetch(i, slot):
@@ -621,10 +623,10 @@ def dkv_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
         plgpu.SMEM((2, n, head_dim), dtype, transforms=_smem_tile(n, head_dim, dtype).transforms),
         plgpu.SMEM((2, len(row_names), n), jnp.float32),
         plgpu.SMEM((max(len(col_names), 1), n), jnp.float32),
-        plgpu.SMEM((2 * levels, n), jnp.float32) if fpa else None,
-        plgpu.SMEM((2 * levels, n), jnp.float32) if fpa else None,
+        plgpu.SMEM((levels, n), jnp.float32) if fpa else None,
+        plgpu.SMEM((levels, n), jnp.float32) if fpa else None,
         plgpu.SMEM((1, n), jnp.float32) if fpa else None,
-        _smem_tile(n, n, dtype), _smem_tile(n, n, dtype),
+        *(None if cfg.lhs_in_registers else _smem_tile(n, n, dtype) for _ in range(2)),
         plgpu.SMEM((max(len(out_names), 1), n), jnp.float32),
         plgpu.SMEM((chunks, n), jnp.float32) if fpa else None,
         plgpu.Barrier(num_barriers=12),
@@ -704,8 +706,9 @@ def dq_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
         plgpu.copy_gmem_to_smem(do_ref.at[queries], do_s, bars.at[1])
         plgpu.copy_gmem_to_smem(rowp_ref.at[b, h, i], rowp_s, bars.at[2])
         if fpa:
-            plgpu.copy_gmem_to_smem(rowd_ref.at[b, h, i], rowd_s, bars.at[3])
-            plgpu.copy_gmem_to_smem(cold_ref.at[b, h, i], cold_s, bars.at[4])
+            minima = pl.ds(0, levels)  # the diagonal's level minima (for the bias)
+            plgpu.copy_gmem_to_smem(rowd_ref.at[b, h, i, minima], rowd_s, bars.at[3])
+            plgpu.copy_gmem_to_smem(cold_ref.at[b, h, i, minima], cold_s, bars.at[4])
             plgpu.copy_gmem_to_smem(beta_ref.at[h], beta_s, bars.at[5])
 
         def fetch(j, slot):
@@ -810,10 +813,10 @@ def dq_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
         plgpu.SMEM((2, n, head_dim), dtype, transforms=tile_transforms),
         plgpu.SMEM((len(row_names), n), jnp.float32),
         plgpu.SMEM((2, max(len(col_names), 1), n), jnp.float32),
-        plgpu.SMEM((2 * levels, n), jnp.float32) if fpa else None,
-        plgpu.SMEM((2 * levels, n), jnp.float32) if fpa else None,
+        plgpu.SMEM((levels, n), jnp.float32) if fpa else None,
+        plgpu.SMEM((levels, n), jnp.float32) if fpa else None,
         plgpu.SMEM((1, n), jnp.float32) if fpa else None,
-        _smem_tile(n, n, dtype),
+        None if cfg.lhs_in_registers else _smem_tile(n, n, dtype),
         plgpu.SMEM((max(len(out_names), 1), n), jnp.float32),
         plgpu.Barrier(num_barriers=12),
     ]
