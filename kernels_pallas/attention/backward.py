@@ -34,7 +34,8 @@ from kernels_pallas.attention import backward_fields as fields
 from kernels_pallas.attention.bias import FPABias, NoBias, SeparableBias
 from kernels_pallas.attention.common import BIG, SUPPORTED_HEAD_DIMS, dead_key_bounds
 from kernels_pallas.attention.backward_diagonal import diagonal_shares_kernel
-from kernels_pallas.attention.backward_kernels import BLOCK, KernelConfig, dkv_kernel, dq_kernel
+from kernels_pallas.attention.backward_kernels import (BLOCK, KernelConfig, dkv_kernel,
+                                                       dq_kernel, pack_layout)
 from kernels_pallas.attention.forward import document_start_index, heads_major, pruning_margin
 from kernels_pallas.interpret import interpret_active
 from kernels_pallas.padding import pad_time
@@ -45,6 +46,20 @@ def _pack(rows, n):
     stacked = jnp.stack(rows, axis=2)  # [B, H, R, Tp]
     b, h, r, tp = stacked.shape
     return jnp.moveaxis(stacked.reshape(b, h, r, tp // n, n), 3, 2)
+
+
+def _pack_named(vectors, names, n):
+    """The packed per-block rows of `names` (backward_kernels.pack_layout): the vectors, then
+    one row of per-block scalars (read from each block's first position) -> [B, H, nb, R, n]."""
+    vector_names, scalar_names = pack_layout(names)
+    rows = [vectors[name] for name in vector_names]
+    if scalar_names:
+        b, h, tp = vectors[scalar_names[0]].shape
+        firsts = [vectors[name].reshape(b, h, tp // n, n)[..., 0] for name in scalar_names]
+        scalars = jnp.stack(firsts, axis=-1)                    # [B, H, nb, S]
+        scalars = jnp.pad(scalars, [(0, 0)] * 3 + [(0, n - len(scalar_names))])
+        rows.append(scalars.reshape(b, h, tp))
+    return _pack(rows, n)
 
 
 def _unpack(packed, index):
@@ -167,9 +182,9 @@ def prepare(cfg, q, k, v, out, lse, dout, bias, segment_ids):
         vectors["dend"] = jnp.broadcast_to(ends[:, None, :], (batch, heads, padded))
     if cfg.prunes:
         vectors.update(_pruning_vectors(cfg, qp, kp, vectors, length))
-    rowp = _pack([vectors[name] for name in cfg.row_names()], n)
+    rowp = _pack_named(vectors, cfg.row_names(), n)
     col_names = cfg.col_names()
-    colp = _pack([vectors[name] for name in col_names], n) if col_names else \
+    colp = _pack_named(vectors, col_names, n) if col_names else \
         jnp.zeros((batch, heads, nb, 1, n), jnp.float32)
     field_state = None if phi is None else (phi, pre_min, suf_min)  # reused by finish
     return (qp, kp, vp, dop, rowp, colp, rowd, cold, beta), field_state

@@ -20,7 +20,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from kernels_pallas.attention.backward_kernels import (KernelConfig, _matmul, _smem_tile,
-                                                       _Tile, _Vectors)
+                                                       _Tile, _Vectors, packed_rows)
 from kernels_pallas.attention.common import COMPILER_PARAMS
 
 
@@ -96,7 +96,7 @@ def diagonal_shares_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, c
 
     dtype = q.dtype
     tile_transforms = _smem_tile(n, head_dim, dtype).transforms
-    packs = (len(row_names), len(col_names), 2 * levels, 2 * levels)
+    packs = (packed_rows(row_names), packed_rows(col_names), 2 * levels, 2 * levels)
     scratch = [
         *(plgpu.SMEM((2, n, head_dim), dtype, transforms=tile_transforms) for _ in range(4)),
         *(plgpu.SMEM((2, rows, n), jnp.float32) for rows in packs),

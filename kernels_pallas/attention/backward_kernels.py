@@ -56,6 +56,10 @@ from kernels_pallas.attention.common import BIG, COMPILER_PARAMS, no_dead_floor,
 from kernels_pallas.attention.common import decay as _decay
 
 BLOCK = 64
+# Pack rows read as vectors along a tile axis; every other name is a per-block scalar, and a
+# block's scalars share one packed row (the k-th scalar of `pack_layout` at lane k).
+VECTOR_ROWS = frozenset({"lse", "delta", "seg", "row", "col", "pre_min", "pre_mass", "suf_min",
+                         "suf_mass", "psi"})
 # Largest spread (in units of tau) of the field pieces inside one off-diagonal tile for which
 # the soft-min weights are taken relative to one tile minimum (no weight underflows to 0).
 SEPARABLE_SPREAD = 80.0
@@ -151,11 +155,26 @@ def _smem_tile(rows, cols, dtype):
     return plgpu.SMEM((rows, cols), dtype, transforms=transforms)
 
 
+def pack_layout(names):
+    """(vector rows, scalars) of a pack holding `names`: the vectors' rows come first, then
+    (if any scalars) one row with the block's scalars at lanes 0, 1, ..."""
+    vectors = [name for name in names if name in VECTOR_ROWS]
+    return vectors, [name for name in names if name not in VECTOR_ROWS]
+
+
+def packed_rows(names):
+    """Rows of the packed block that holds `names` (at least 1)."""
+    vectors, scalars = pack_layout(names)
+    return max(len(vectors) + (1 if scalars else 0), 1)
+
+
 class _Vectors:
-    """Named rows of a packed [rows, n] SMEM block, loaded as vectors along one tile axis."""
+    """Named rows of a packed [rows, n] SMEM block (`pack_layout`), loaded as vectors along
+    one tile axis, and the block's scalars."""
 
     def __init__(self, ref, names, axis):
-        self.ref, self.names, self.axis = ref, names, axis
+        self.ref, self.axis = ref, axis
+        self.names, self.scalars = pack_layout(names)
 
     def vec(self, name, row=None):
         index = self.names.index(name) if row is None else row
@@ -165,7 +184,9 @@ class _Vectors:
         return lax.broadcast_in_dim(self.vec(name, row), shape, [self.axis])
 
     def scalar(self, name):
-        """A per-block scalar row (its value repeated n times)."""
+        """A per-block scalar (or a vector row's first value)."""
+        if name in self.scalars:
+            return self.ref[len(self.names), self.scalars.index(name)]
         return self.ref[self.names.index(name), 0]
 
 
@@ -621,8 +642,8 @@ def dkv_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
         _smem_tile(n, head_dim, dtype), _smem_tile(n, head_dim, dtype),
         plgpu.SMEM((2, n, head_dim), dtype, transforms=_smem_tile(n, head_dim, dtype).transforms),
         plgpu.SMEM((2, n, head_dim), dtype, transforms=_smem_tile(n, head_dim, dtype).transforms),
-        plgpu.SMEM((2, len(row_names), n), jnp.float32),
-        plgpu.SMEM((max(len(col_names), 1), n), jnp.float32),
+        plgpu.SMEM((2, packed_rows(row_names), n), jnp.float32),
+        plgpu.SMEM((packed_rows(col_names), n), jnp.float32),
         plgpu.SMEM((levels, n), jnp.float32) if fpa else None,
         plgpu.SMEM((levels, n), jnp.float32) if fpa else None,
         plgpu.SMEM((1, n), jnp.float32) if fpa else None,
@@ -811,8 +832,8 @@ def dq_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
         _smem_tile(n, head_dim, dtype), _smem_tile(n, head_dim, dtype),
         plgpu.SMEM((2, n, head_dim), dtype, transforms=tile_transforms),
         plgpu.SMEM((2, n, head_dim), dtype, transforms=tile_transforms),
-        plgpu.SMEM((len(row_names), n), jnp.float32),
-        plgpu.SMEM((2, max(len(col_names), 1), n), jnp.float32),
+        plgpu.SMEM((packed_rows(row_names), n), jnp.float32),
+        plgpu.SMEM((2, packed_rows(col_names), n), jnp.float32),
         plgpu.SMEM((levels, n), jnp.float32) if fpa else None,
         plgpu.SMEM((levels, n), jnp.float32) if fpa else None,
         plgpu.SMEM((1, n), jnp.float32) if fpa else None,
