@@ -1,6 +1,7 @@
 """Compiled Pallas attention gradients against the "xla" implementation, on the GPU.
 
-    python benchmarks/gradient_check_gpu.py        (exits 1 when an error exceeds the bar)
+    python benchmarks/gradient_check_gpu.py [--ops fpa,fox,softmax] [--dims 64,128]
+        (exits 1 when an error exceeds the bar)
 
 FPA (the drifting walk of benchmarks/op_trace.py), FoX and softmax at (B, T, H) = (1, 1000, 2)
 with D = 64 and 128, bf16 inputs: the relative L2 error of every gradient of
@@ -10,6 +11,7 @@ tested in the GPU interpreter). Catches what the interpreter cannot see: the com
 forms (wgmma operands from registers, approximate exp / rsqrt) and the lowering itself.
 """
 
+import argparse
 import functools
 import os
 import sys
@@ -33,9 +35,13 @@ def gradients(op, implementation, inputs, cotangent):
 
 
 def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ops", default="fpa,fox,softmax")
+    parser.add_argument("--dims", default="64,128")
+    args = parser.parse_args()
     worst = 0.0
-    for dim in (64, 128):
-        for op in ("fpa", "fox", "softmax"):
+    for dim in (int(d) for d in args.dims.split(",")):
+        for op in args.ops.split(","):
             shape = (1, 1000, 2, dim)
             rng = np.random.default_rng(dim)
             inputs, _ = attention_inputs(op, shape, "walk", rng)
