@@ -298,15 +298,3 @@ def test_fpa_flat_fields_take_no_field_work():
     for name, g in zip(("dphi", "dpsi", "dbeta"), got[3:]):
         assert np.all(np.asarray(g) == 0.0), name
 
-
-def test_fpa_diagonal_programs_take_strided_blocks(monkeypatch):
-    """The diagonal shares' kernel with two blocks per program (T = 230: four blocks, ragged;
-    programs take blocks 0, 2 and 1, 3, each loaded while the last is computed): the oracle's
-    gradients."""
-    from kernels_pallas.attention import backward_diagonal
-    monkeypatch.setattr(backward_diagonal, "BLOCKS_PER_PROGRAM", 2)
-    seed = case_seed(730)
-    keys = jax.random.split(jax.random.PRNGKey(seed), 2)
-    walk = jnp.cumsum(0.5 * jax.random.normal(keys[0], (1, 230, 1)), axis=1)
-    psi = walk + jax.random.normal(keys[1], walk.shape)
-    _assert_fpa_close(*_fpa_case(seed, 230, walk, psi))
