@@ -9,6 +9,12 @@
     out_dir/README.md           how to load it; the FPA-specific tensors
     out_dir/tokenizer/          the run's tokenizer (export_run only)
 
+Formats: "fla" (the above) and, for FPA models, "fpa-torch": the same tensors and config plus
+`architectures` / `auto_map` in config.json and a PyTorch model for transformers' remote code,
+out_dir/configuration_fpa.py and out_dir/modeling_fpa.py (copies of train/hf_fpa/), so that
+`AutoModelForCausalLM.from_pretrained(out_dir, trust_remote_code=True)` runs it without this
+project. It refuses Gated DeltaNet layers and MoE FFNs (the PyTorch file has neither).
+
 export_run refuses an --out that is a file, or a non-empty directory (a previous export or the
 user's files) unless force=True; then it replaces the export's own files and keeps the rest.
 The tokenizers of this project (train/tokenizer.py) define one special token, end of text
@@ -43,7 +49,7 @@ from flax import traverse_util
 from train.config import Config, config_from_dict
 from train.safetensors_file import read_safetensors, write_safetensors
 
-FORMATS = ("fla",)
+FORMATS = ("fla", "fpa-torch")
 EXPORT_DTYPES = {"float32": np.dtype(np.float32), "bf16": np.dtype(ml_dtypes.bfloat16),
                  "bfloat16": np.dtype(ml_dtypes.bfloat16)}
 WEIGHTS_FILE = "model.safetensors"
@@ -51,6 +57,10 @@ CONFIG_FILE = "config.json"
 GENERATION_CONFIG_FILE = "generation_config.json"
 README_FILE = "README.md"
 JAX_CONFIG_KEY = "fpa_gdn_jax_config"   # the model's part of the training config, for re-import
+HF_FPA_DIR = Path(__file__).parent / "hf_fpa"
+FPA_TORCH_FILES = ("configuration_fpa.py", "modeling_fpa.py")   # in HF_FPA_DIR, copied as is
+FPA_TORCH_AUTO_MAP = {"AutoConfig": "configuration_fpa.FPAConfig",
+                      "AutoModelForCausalLM": "modeling_fpa.FPAForCausalLM"}
 
 # flax leaf path below a layer's "mixer" -> (fla suffix below "attn.", kind)
 ATTENTION_NAMES = {
@@ -242,6 +252,33 @@ def fla_config(config: Config, vocab_size: int) -> dict[str, Any]:
             **attention, "rope_theta": a.rope_base}
 
 
+def fpa_torch_config(config: Config, vocab_size: int) -> dict[str, Any]:
+    """config.json of the fpa-torch format: the FPA model's fla_config without `layer_types`,
+    plus `architectures` and `auto_map` (transformers' remote code: train/hf_fpa/). Refuses
+    what the PyTorch file does not implement."""
+    if config.attention.kind != "fpa":
+        raise ExportError(f"attention.kind={config.attention.kind!r}: format 'fpa-torch' is for "
+                          f"FPA models; use format 'fla'")
+    if "gdn" in config.layer_kinds():
+        raise ExportError(f"model.pattern={config.model.pattern!r}: format 'fpa-torch' has no "
+                          f"Gated DeltaNet layer in its PyTorch model; use format 'fla'")
+    if config.model.moe_experts:
+        raise ExportError(f"model.moe_experts={config.model.moe_experts}: format 'fpa-torch' has "
+                          f"no mixture-of-experts FFN in its PyTorch model")
+    fla = fla_config(config, vocab_size)
+    del fla["layer_types"]      # all "fpa"; transformers 5 accepts only its own layer types there
+    return {**fla, "architectures": ["FPAForCausalLM"], "auto_map": dict(FPA_TORCH_AUTO_MAP)}
+
+
+def export_config(config: Config, vocab_size: int, format: str) -> dict[str, Any]:
+    """config.json contents of `format` (FORMATS); raises ExportError for what it cannot hold."""
+    if format == "fla":
+        return fla_config(config, vocab_size)
+    if format == "fpa-torch":
+        return fpa_torch_config(config, vocab_size)
+    raise ExportError(f"format: expected one of {list(FORMATS)}, got {format!r}")
+
+
 # ----------------------------------------------------------------------------------------------
 # Export / import
 # ----------------------------------------------------------------------------------------------
@@ -299,9 +336,37 @@ q/k/v/o projections, Gated DeltaNet layers of a hybrid) use fla's names and layo
 With W = cumsum(delta), phi = W + g, psi = W + h, the attention logit of query t and key s is
 q_t.k_s / sqrt(head_dim) + beta * min(0, min_{{s<u<=t}} phi_u - psi_s) (no RoPE); q/k are
 absent with `content: false`; layers in `fpa.no_bias_layers` are plain causal softmax attention
-without positions (q/k/v/o only). `layer_types` says which layers are Gated DeltaNet (`gdn`).
-There is no PyTorch model class for it; load the tensors with `safetensors.torch.load_file`, or
-back into JAX with `train.export.load_export("{out_dir}")`.
+without positions (q/k/v/o only). `layer_types` says which layers are Gated DeltaNet (`gdn`)
+(format fpa-torch: FPA layers only, no `layer_types`).
+{tie_note}
+
+{loading}"""
+
+FPA_FLA_LOADING = """This export has no PyTorch model class (`python -m train export RUN --format fpa-torch`
+adds one for FPA models without Gated DeltaNet layers); load the tensors with
+`safetensors.torch.load_file`, or back into JAX with `train.export.load_export("{out_dir}")`.
+"""
+
+FPA_TORCH_LOADING = """## Loading with PyTorch (transformers' remote code, CPU or GPU)
+
+`configuration_fpa.py` and `modeling_fpa.py` here define the model in dense PyTorch (they import
+only torch and transformers); `auto_map` in config.json points transformers at them:
+
+```python
+import torch
+from transformers import AutoModelForCausalLM
+model = AutoModelForCausalLM.from_pretrained("{out_dir}", trust_remote_code=True,
+                                             dtype=torch.float32)   # transformers < 4.56: torch_dtype
+logits = model(input_ids).logits          # float32 [B, T, vocab_size]
+```
+
+The tensor names above are the parameter paths of `FPAForCausalLM` in modeling_fpa.py. In
+float32 its logits match the JAX model's (relative L2 error within 1e-5 in this project's
+tests/train/test_export_fpa_torch.py). Give one document per row; `attention_mask` may mark
+left or right padding. The attention is dense (memory O(T^2) per head), `generate()` re-runs
+the whole sequence at each step (no KV cache), and the gradient of the range minimum is the
+hard minimum's, not the straight-through soft minimum (`fpa.tau`) of the JAX training.
+Re-import into JAX: `train.export.load_export("{out_dir}")`.
 """
 
 
@@ -339,15 +404,16 @@ def _token_ids_note(token_ids: dict[str, int]) -> str:
 
 
 def export_params(params: Any, config: Config, vocab_size: int, out_dir: str | Path, *,
-                  dtype: str = "float32", source: str = "a JAX checkpoint",
+                  format: str = "fla", dtype: str = "float32", source: str = "a JAX checkpoint",
                   token_ids: dict[str, int] | None = None) -> Path:
     """Write model.safetensors, config.json and README.md for `params` into `out_dir`
-    (replacing files of those names). token_ids: {eos_token_id: ...} (SPECIAL_TOKEN_KEYS) for
-    config.json, also written as generation_config.json; None or {}: neither."""
+    (replacing files of those names), and FPA_TORCH_FILES for format "fpa-torch".
+    token_ids: {eos_token_id: ...} (SPECIAL_TOKEN_KEYS) for config.json, also written as
+    generation_config.json; None or {}: neither."""
     if dtype not in EXPORT_DTYPES:
         raise ExportError(f"dtype: expected one of {sorted(EXPORT_DTYPES)}, got {dtype!r}")
     target = EXPORT_DTYPES[dtype]
-    fla = fla_config(config, vocab_size)
+    fla = export_config(config, vocab_size, format)
     flat = _numpy_params(params)
     tensors = {}
     for entry in sorted(plan(config, params), key=lambda e: e.name):
@@ -370,11 +436,15 @@ def export_params(params: Any, config: Config, vocab_size: int, out_dir: str | P
     (out_dir / CONFIG_FILE).write_text(json.dumps(fla, indent=1) + "\n")
     if token_ids:
         (out_dir / GENERATION_CONFIG_FILE).write_text(json.dumps(token_ids, indent=1) + "\n")
+    if format == "fpa-torch":
+        for name in FPA_TORCH_FILES:
+            shutil.copyfile(HF_FPA_DIR / name, out_dir / name)
     model_type = fla["model_type"]
     tie_note = ("`lm_head.weight` is not stored: the output head is tied to the embeddings "
                 "(`tie_word_embeddings: true`)." if config.model.tie_embeddings else "")
+    loading = FPA_TORCH_LOADING if format == "fpa-torch" else FPA_FLA_LOADING
     body = (FPA_BODY if model_type == "fpa_transformer" else FLA_BODY).format(
-        out_dir=out_dir, tie_note=tie_note)
+        out_dir=out_dir, tie_note=tie_note, loading=loading.format(out_dir=out_dir))
     (out_dir / README_FILE).write_text(README_TEXT.format(
         model_type=model_type, source=source, dtype=fla["dtype"], jax_key=JAX_CONFIG_KEY,
         body=body) + _token_ids_note(token_ids))
@@ -441,7 +511,8 @@ def _check_out_dir(out_dir: Path, force: bool) -> None:
                           f"export's files there (other files are kept)")
 
 
-EXPORT_ENTRIES = (WEIGHTS_FILE, CONFIG_FILE, GENERATION_CONFIG_FILE, README_FILE)
+EXPORT_ENTRIES = (WEIGHTS_FILE, CONFIG_FILE, GENERATION_CONFIG_FILE, README_FILE,
+                  *FPA_TORCH_FILES)
 
 
 def export_run(run_dir: str | Path, out_dir: str | Path, *, format: str = "fla",
@@ -462,7 +533,7 @@ def export_run(run_dir: str | Path, out_dir: str | Path, *, format: str = "fla",
     from train.model import resolve_vocab_size
 
     config, tokenizer = load_run(run_dir)
-    fla_config(config, resolve_vocab_size(config, tokenizer.vocab_size))  # fail before restoring
+    export_config(config, resolve_vocab_size(config, tokenizer.vocab_size), format)  # fail early
     session = build_session(config, tokenizer.vocab_size)
     restored = restore_run_state(run_dir, session, step)
     vocab_size = resolve_vocab_size(config, tokenizer.vocab_size)
@@ -472,8 +543,8 @@ def export_run(run_dir: str | Path, out_dir: str | Path, *, format: str = "fla",
                 (out_dir / name).unlink()
         if (out_dir / TOKENIZER_DIRNAME).is_dir():
             shutil.rmtree(out_dir / TOKENIZER_DIRNAME)
-    path = export_params(restored.state["params"], config, vocab_size, out_dir, dtype=dtype,
-                         source=f"run {run_dir}, step {restored.step}",
+    path = export_params(restored.state["params"], config, vocab_size, out_dir, format=format,
+                         dtype=dtype, source=f"run {run_dir}, step {restored.step}",
                          token_ids=special_token_ids(tokenizer))
     tokenizer_dir = Path(run_dir) / TOKENIZER_DIRNAME
     if tokenizer_dir.is_dir():

@@ -1,4 +1,5 @@
-"""`python -m train export RUN --format fla --out DIR [--dtype bf16|float32] [--step N] [--force]`.
+"""`python -m train export RUN [--format fla|fpa-torch] --out DIR [--dtype bf16|float32] [--step N]
+[--force]`.
 
 Parser and handler only (imported when the command line is built, so nothing heavy here);
 the export itself is train/export.py.
@@ -13,12 +14,15 @@ from typing import Any
 
 
 def add_export_command(commands: Any) -> None:
-    """Register `export RUN --format fla --out DIR [--dtype bf16|float32] [--step N] [--force]`."""
+    """Register `export RUN [--format fla|fpa-torch] --out DIR [--dtype bf16|float32]
+    [--step N] [--force]`."""
     text = "export a run's checkpoint as safetensors + config.json (flash-linear-attention layout)"
     sub = commands.add_parser("export", help=text, description=text)
     sub.add_argument("run_dir")
-    sub.add_argument("--format", default="fla", choices=("fla",),
-                     help="layout of the export (default: %(default)s)")
+    sub.add_argument("--format", default="fla", choices=("fla", "fpa-torch"),
+                     help="layout of the export (default: %(default)s); fpa-torch (FPA models): "
+                          "adds a PyTorch model for transformers' "
+                          "AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)")
     sub.add_argument("--out", required=True,
                      help="output directory: a new or empty one (a non-empty one is refused "
                           "unless --force)")
@@ -28,7 +32,8 @@ def add_export_command(commands: Any) -> None:
     sub.add_argument("--force", action="store_true",
                      help="export into a non-empty --out: replace the export's files there "
                           "(model.safetensors, config.json, generation_config.json, README.md, "
-                          "tokenizer/) and keep the others")
+                          "configuration_fpa.py, modeling_fpa.py, tokenizer/) and keep the "
+                          "others")
     sub.set_defaults(handler=command_export)
 
 
