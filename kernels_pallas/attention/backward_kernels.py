@@ -287,15 +287,15 @@ class _Tile:
             valid = same if valid is None else valid & same
         return valid
 
-    def level_masks(self):
-        """Dyadic levels of the pairs s < t inside a diagonal tile."""
-        masks = []
-        later = self.s_local < self.t_local
-        for level in range(self.cfg.diag_levels):
-            same_pair = (self.t_local >> (level + 1)) == (self.s_local >> (level + 1))
-            split = (self.t_local >> level) != (self.s_local >> level)
-            masks.append(same_pair & split & later)
-        return masks
+    def pair_levels(self):
+        """Dyadic level of each pair s < t of a diagonal tile, -1 elsewhere: the L with
+        2^L <= t XOR s < 2^(L+1) (t and s share their bits above L and differ at L). One
+        integer tile; a level's mask is `levels == L` where it is used."""
+        differ = self.t_local ^ self.s_local
+        level = jnp.zeros(self.shape, jnp.int32)
+        for bit in range(1, self.cfg.diag_levels):
+            level = level + jnp.where(differ >= (1 << bit), 1, 0)
+        return jnp.where(self.s_local < self.t_local, level, -1)
 
     def fpa_range_min(self, diagonal, diag_rows, diag_cols, gap_min):
         """Range minimum R [n, n]: min(A_s, G, C_t) off the diagonal (gap_min = G, a scalar),
@@ -303,10 +303,11 @@ class _Tile:
         if not diagonal:
             return jnp.minimum(jnp.minimum(self.col("suf_min"), gap_min), self.row("pre_min"))
         range_min = jnp.full(self.shape, BIG, jnp.float32)
-        for level, mask in enumerate(self.level_masks()):
+        pair_levels = self.pair_levels()
+        for level in range(self.cfg.diag_levels):
             suf = diag_cols.full("suf", self.shape, row=level)
             pre = diag_rows.full("pre", self.shape, row=level)
-            range_min = jnp.where(mask, jnp.minimum(suf, pre), range_min)
+            range_min = jnp.where(pair_levels == level, jnp.minimum(suf, pre), range_min)
         return range_min
 
     def logits_and_bias(self, scores, diagonal, diag_rows=None, diag_cols=None, gap_min=None):
@@ -377,9 +378,10 @@ class _Tile:
         suffix, the query side's prefix) are selected per pair: two exponentials and one
         division per pair, then the shares are summed by level."""
         tau, levels = self.cfg.tau, self.cfg.diag_levels
-        masks = self.level_masks()
+        pair_levels = self.pair_levels()
         suf = pre = suf_mass = pre_mass = None
-        for level, level_mask in enumerate(masks):
+        for level in range(levels):
+            level_mask = pair_levels == level
             pick = lambda chosen, x: x if chosen is None else jnp.where(level_mask, x, chosen)
             suf = pick(suf, diag_cols.full("suf", self.shape, row=level))
             suf_mass = pick(suf_mass, diag_cols.full("suf", self.shape, row=levels + level))
@@ -389,7 +391,8 @@ class _Tile:
         to_query = _decay(pre - range_min, tau)
         base = coef * reciprocal(jnp.maximum(suf_mass * to_key + pre_mass * to_query, 1.0))
         key_share, query_share = base * to_key, base * to_query
-        by_level = lambda x, reduce: [reduce(jnp.where(m, x, 0.0)) for m in masks]
+        by_level = lambda x, reduce: [reduce(jnp.where(pair_levels == level, x, 0.0))
+                                      for level in range(levels)]
         return (by_level(key_share, self.sum_over_queries),
                 by_level(query_share, self.sum_over_keys))
 
