@@ -1,7 +1,9 @@
 """Probe generators vs brute-force solvers, Fisher's exact test, and the vmapped runner."""
 
 import csv
+import itertools
 import json
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -9,7 +11,8 @@ import pytest
 from train.probes import tasks
 from train.probes.runner import ProbeConfig, run_probe, train_seeds
 from train.probes.stats import fisher_greater
-from train.probes.tasks import PAD, TASKS, ladder_layout, resolve_sizes, two_walks_layout
+from train.probes.tasks import (PAD, TASKS, ladder_layout, resolve_sizes, two_walks_layout,
+                                variable_dips_layout)
 from tests.seeds import case_seed
 
 SEEDS = (0, 7, case_seed(13))
@@ -39,8 +42,48 @@ def strip(tokens):
 # ------------------------------------------------------------------------------ solvers
 
 
-def solve_ladder(rungs, num_values, stepwise):
+def ladder_ids(rungs, num_values):
+    """Token id -> ("rung", level, value) | ("dip", j, d) | ("ask", value), from the layout's
+    formulas (ladder_layout's docstring)."""
     lay = ladder_layout(rungs, num_values)
+    ids = {lay["rung"] + (i - 1) * num_values + v: ("rung", i, v)
+           for i in range(1, rungs + 1) for v in range(num_values)}
+    ids.update({lay["dip"] + (j - 1) * (j - 2) // 2 + d - 1: ("dip", j, d)
+                for j in range(2, rungs + 1) for d in range(1, j)})
+    ids.update({lay["ask"] + v: ("ask", v) for v in range(num_values)})
+    assert sorted(ids) == list(range(3, lay["vocab_size"]))  # every id used exactly once
+    return ids
+
+
+def solve_ladder(rungs, num_values):
+    """Replays the sequence with FPA's rule: field phi = d + 1/2 at DIP(j, d), r + 1 elsewhere;
+    level psi = i at RUNG(i, v); a rung written at s is alive at t iff min phi over (s, t] >= psi.
+    Checks the write phase: rungs 1..r in order, distinct values, DIP(j, .) right after rung j."""
+    ids, lay = ladder_ids(rungs, num_values), ladder_layout(rungs, num_values)
+
+    def solve(tokens):
+        parsed = [ids[t] for t in strip(tokens)]
+        rung_at = [s for s, p in enumerate(parsed) if p[0] == "rung"]
+        assert [parsed[s][1] for s in rung_at] == list(range(1, rungs + 1))
+        assert len({parsed[s][2] for s in rung_at}) == rungs
+        for s, p in enumerate(parsed):
+            if p[0] == "dip":
+                assert parsed[s - 1][:2] == ("rung", p[1]) and 1 <= p[2] < p[1]
+        assert all(p[0] == "ask" for p in parsed[rung_at[-1] + 2:])
+        phi = [p[2] + 0.5 if p[0] == "dip" else rungs + 1 for p in parsed]
+        answers = {}
+        for t, p in enumerate(parsed):
+            if p[0] == "ask":
+                s = next(s for s in rung_at if parsed[s][2] == p[1])
+                alive = min(phi[s + 1:t + 1]) >= parsed[s][1]
+                answers[t] = lay["alive"] if alive else lay["dead"]
+        return answers
+
+    return solve
+
+
+def solve_variable_dips(rungs, num_values):
+    lay = variable_dips_layout(rungs, num_values)
 
     def solve(tokens):
         tokens = strip(tokens)
@@ -48,20 +91,15 @@ def solve_ladder(rungs, num_values, stepwise):
         assert all(0 <= v < num_values for v in values) and len(set(values)) == rungs
         level, lowest, answers, excursion = rungs, rungs, {}, []
         for i, t in enumerate(tokens[rungs:], start=rungs):
-            if stepwise:
-                assert lay["down"] <= t <= lay["up"] or lay["ask"] <= t < lay["down"], t
-                level += {lay["down"]: -1, lay["hold"]: 0, lay["up"]: 1}.get(t, 0)
-                assert 0 <= level <= rungs
-                if lay["down"] <= t <= lay["up"]:
-                    excursion.append(level)
-                if level == rungs and excursion:  # back at the surface after a dip:
-                    assert min(excursion) == rungs or excursion.count(min(excursion)) in (1, 2)
-                    excursion = []  # its deepest level lasted 1 or 2 tokens
-            elif lay["dip"] <= t < lay["ask"]:
-                level = t - lay["dip"]
+            assert lay["down"] <= t <= lay["up"] or lay["ask"] <= t < lay["down"], t
+            level += {lay["down"]: -1, lay["hold"]: 0, lay["up"]: 1}.get(t, 0)
+            assert 0 <= level <= rungs
+            if lay["down"] <= t <= lay["up"]:
+                excursion.append(level)
+            if level == rungs and excursion:  # back at the surface after a dip:
+                assert min(excursion) == rungs or excursion.count(min(excursion)) in (1, 2)
+                excursion = []  # its deepest level lasted 1 or 2 tokens
             lowest = min(lowest, level)
-            if not stepwise:
-                level = rungs
             if lay["ask"] <= t < lay["down"]:
                 assert level == rungs  # queries only at the surface
                 rung = values.index(t - lay["ask"]) + 1
@@ -207,19 +245,84 @@ def solve_mqar(num_pairs, num_keys):
 
 
 @pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("rungs", [1, 2, 5])
+def test_ladder_matches_fpa_replay(seed, rungs):
+    data = tasks.ladder(seed, N, rungs=rungs, num_values=rungs + 2)
+    assert_answers(data, solve_ladder(rungs, rungs + 2))
+    assert data.vocab_size == ladder_layout(rungs, rungs + 2)["vocab_size"]
+    if rungs > 1:
+        assert {1, 2} <= set(data.targets[data.mask])  # both live and dead keys are asked about
+
+
+def ladder_live_set(tokens, targets, rungs):
+    """The levels of the rungs answered ALIVE (`ladder` asks about every rung once)."""
+    parsed = [ladder_ids(rungs, rungs).get(t) for t in tokens]
+    level = {p[2]: p[1] for p in parsed if p and p[0] == "rung"}
+    return frozenset(level[p[1]] for p, target in zip(parsed, targets)
+                     if p and p[0] == "ask" and target == ladder_layout(rungs, rungs)["alive"])
+
+
+def test_ladder_makes_every_live_set():
+    """All 2^(r-1) live sets that contain the ground rung occur, and no other (r = 5)."""
+    rungs = 5
+    data = tasks.ladder(case_seed(15), 600, rungs=rungs)
+    live_sets = Counter(ladder_live_set(tokens, targets, rungs) for tokens, targets, _ in rows(data))
+    expected = {frozenset([1] + [level for level, keep in zip(range(2, rungs + 1), bits) if keep])
+                for bits in itertools.product((False, True), repeat=rungs - 1)}
+    assert set(live_sets) == expected
+    assert min(live_sets.values()) >= 10  # about 600 / 16 each
+
+
+@pytest.mark.parametrize("rungs", [3, 4])
+def test_ladder_answers_are_functions_of_the_bag(rungs):
+    """A one-layer head without positions sees the query and the multiset of earlier tokens:
+    the answers must be a function of those (order-blind ceiling 1), or NoPE could not solve
+    the ladder, as the paper has it do at r = 6. Small r, so bags repeat in the sample."""
+    data = tasks.ladder(case_seed(16), 3000, rungs=rungs)
+    assert tasks.order_blind_ceiling(data) == 1.0
+
+
+def push_pop_bag_ceiling(data, num_values):
+    """Bayes ceiling of an order-blind predictor on push_pop, exact per scored position: the
+    push/pop pattern is drawn independently of the i.i.d. uniform values, so given the bag
+    (value counts c_v of the n pushes, p pops) the stack holds n - p items and its top is v
+    with probability c_v / n. Best guess: EMPTY if n = p, else the most frequent value."""
+    hits = []
+    for tokens, mask in zip(data.tokens, data.mask):
+        for t in np.flatnonzero(mask):
+            prefix = tokens[:t + 1]
+            counts = np.bincount(prefix[prefix >= 3] - 3, minlength=num_values)
+            pops = int(np.sum(prefix == 2))
+            hits.append(1.0 if counts.sum() == pops else counts.max() / counts.sum())
+    return float(np.mean(hits))
+
+
+def test_push_pop_order_blind_ceiling_is_below_its_threshold():
+    """The paper has position-free one-layer models fail push-pop: no function of the bag can
+    pass its threshold. The exact ceiling agrees with the sample's grouped one where bags
+    repeat (small sizes), and at the default sizes it is far below the threshold."""
+    threshold = TASKS["push_pop"].threshold
+    small = tasks.push_pop(case_seed(17), 20000, length=10, num_values=2, max_depth=4)
+    grouped = tasks.order_blind_ceiling(small)
+    assert push_pop_bag_ceiling(small, 2) == pytest.approx(grouped, abs=0.01)
+    assert grouped < threshold
+    assert push_pop_bag_ceiling(tasks.push_pop(case_seed(18), 512), 8) < threshold - 0.3
+
+
+@pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("rungs", [1, 5])
-def test_ladder_and_variable_dips_match_brute_force(seed, rungs):
-    for stepwise, generate in ((False, tasks.ladder), (True, tasks.variable_dips)):
-        data = generate(seed, N, rungs=rungs, num_values=rungs + 2, num_dips=3, num_queries=6)
-        assert_answers(data, solve_ladder(rungs, rungs + 2, stepwise))
-        answers = data.targets[data.mask]
-        assert set(answers) <= {1, 2}
-        if rungs > 1:
-            assert {1, 2} <= set(answers)  # both live and dead keys are asked about
+def test_variable_dips_matches_brute_force(seed, rungs):
+    data = tasks.variable_dips(seed, N, rungs=rungs, num_values=rungs + 2, num_dips=3,
+                               num_queries=6)
+    assert_answers(data, solve_variable_dips(rungs, rungs + 2))
+    answers = data.targets[data.mask]
+    assert set(answers) <= {1, 2}
+    if rungs > 1:
+        assert {1, 2} <= set(answers)  # both live and dead keys are asked about
 
 
 def test_variable_dips_deepest_step_lasts_one_or_two_tokens():
-    lay = ladder_layout(4, 6)
+    lay = variable_dips_layout(4, 6)
     holds = tasks.variable_dips(3, 200, rungs=4, num_values=6).tokens == lay["hold"]
     assert 0 < holds.sum() < (tasks.variable_dips(3, 200, rungs=4, num_values=6).tokens
                               == lay["down"]).sum()
@@ -267,6 +370,8 @@ def test_generators_reject_bad_sizes():
         tasks.ladder(0, 4, rungs=0)
     with pytest.raises(ValueError, match="num_values"):
         tasks.ladder(0, 4, rungs=6, num_values=3)
+    with pytest.raises(ValueError, match="ground"):
+        tasks.ladder_dips(np.random.default_rng(0), [True, False])
     with pytest.raises(ValueError, match="num_pairs"):
         tasks.mqar(0, 4, num_pairs=9, num_keys=4)
 
@@ -296,7 +401,7 @@ def test_fisher_matches_known_values_and_scipy():
 
 TINY = dict(steps=4, eval_every=2, batch_size=4, model_dim=8, mlp=False, train_size=16,
             test_size=8, head_dim=2)
-TINY_SIZES = dict(rungs=3, num_values=4, num_dips=2, num_queries=3)
+TINY_SIZES = dict(rungs=3, num_values=4)
 
 
 def test_cli_writes_outputs_and_vmap_equals_seeds_one_by_one(tmp_path, capsys):

@@ -49,23 +49,118 @@ def _pack(rows: list[tuple[list[int], list[int], list[bool]]], vocab_size: int) 
 
 
 # ----------------------------------------------------------------------------------------------
-# Ladder / live-key sets and variable-duration dips
+# Ladder / live-key sets
 # ----------------------------------------------------------------------------------------------
 
 
 def ladder_layout(rungs: int, num_values: int) -> dict[str, int]:
-    """Id offsets of the ladder tasks: PAD 0, DEAD 1, ALIVE 2, VAL(v) = 3 + v,
-    DIP(d) = 3 + V + d (d = 0..r), ASK(v) = 4 + V + r + v, DOWN, HOLD, UP after those."""
+    """Id offsets of `ladder` (r rungs, V values): PAD 0, DEAD 1, ALIVE 2,
+    RUNG(i, v) = 3 + (i-1) V + v (level i in 1..r, value v < V),
+    DIP(j, d) = 3 + r V + (j-1)(j-2)/2 + d - 1 (1 <= d < j <= r: after rung j, down to d),
+    ASK(v) = 3 + r V + r (r-1)/2 + v; vocab_size = ASK(V)."""
+    rung = 3
+    dip = rung + rungs * num_values
+    ask = dip + rungs * (rungs - 1) // 2
+    return {"dead": 1, "alive": 2, "rung": rung, "dip": dip, "ask": ask,
+            "vocab_size": ask + num_values}
+
+
+def ladder_dips(rng: np.random.Generator, dead: list[bool]) -> list[tuple[int, int]]:
+    """Dips (j, d) that kill exactly the rungs marked in `dead` (dead[i - 1]: rung i).
+
+    DIP(j, d) kills the rungs at levels d < i <= j, so it may follow only a dead rung j and
+    fall no lower than the highest live rung below j (`top`). Walking up the rungs: a dead rung
+    that ends its run of dead rungs (rung j + 1 alive, or j = r) is followed by DIP(j, top),
+    which kills the whole run; any other dead rung, with probability 1/2, by DIP(j, d) with d
+    uniform in top..j-1 (part of the run dies early; later dips may kill it again). Rung 1, the
+    ground, must be alive.
+    """
+    if dead[0]:
+        raise ValueError("ladder_dips: the ground rung (dead[0]) must be alive")
+    dips, top = [], 1
+    for j in range(2, len(dead) + 1):
+        if not dead[j - 1]:
+            top = j
+        elif j == len(dead) or not dead[j]:
+            dips.append((j, top))
+        elif rng.random() < 0.5:
+            dips.append((j, int(rng.integers(top, j))))
+    return dips
+
+
+def _ladder_row(rng, rungs, num_values):
+    lay = ladder_layout(rungs, num_values)
+    values = rng.choice(num_values, size=rungs, replace=False)
+    dead = [False] + [bool(x) for x in rng.random(rungs - 1) < 0.5]
+    dip_after = dict(ladder_dips(rng, dead))
+    tokens = []
+    for level, value in enumerate(values, start=1):
+        tokens.append(lay["rung"] + (level - 1) * num_values + int(value))
+        if level in dip_after:
+            depth = dip_after[level]
+            tokens.append(lay["dip"] + (level - 1) * (level - 2) // 2 + depth - 1)
+    asked = rng.permutation(rungs)  # 0-based levels, each rung asked once
+    return (tokens + [lay["ask"] + int(values[i]) for i in asked],
+            [PAD] * len(tokens) + [lay["dead"] if dead[i] else lay["alive"] for i in asked],
+            [False] * len(tokens) + [True] * rungs)
+
+
+def ladder(seed: int, num_sequences: int, rungs: int = 6, num_values: int | None = None
+           ) -> ProbeData:
+    """Ladder / live-key sets: which rungs survive the dips written after them.
+
+    Write phase, rung by rung: RUNG(i, v_i) for i = 1..r (level i, value v_i; the v_i distinct,
+    uniform from num_values symbols; None: num_values = r, a permutation), each followed by at
+    most one dip DIP(i, d), 1 <= d < i: the level falls to d right after rung i, killing for
+    good the rungs d < k <= i. Rung 1 (the ground) never dies. The dead set is drawn first,
+    each rung 2..r dead with probability 1/2 (so each of the 2^(r-1) live sets containing the
+    ground has probability 2^-(r-1)), then dips that kill exactly it (`ladder_dips`). Then r
+    queries ASK(v_i), every rung once in random order, each scored: target ALIVE if rung i is
+    alive, else DEAD. Every token states its levels, so the answer is a function of the query
+    and the multiset of earlier tokens (order is not needed). Layout: ladder_layout(r,
+    num_values); docs/experiments.md explains the format.
+    """
+    num_values = rungs if num_values is None else num_values
+    _check_sizes("ladder", num_sequences=num_sequences, rungs=rungs, num_values=num_values)
+    if num_values < rungs:
+        raise ValueError(f"ladder: num_values must be >= rungs ({rungs}), got {num_values}")
+    rng = np.random.default_rng(seed)
+    rows = [_ladder_row(rng, rungs, num_values) for _ in range(num_sequences)]
+    return _pack(rows, ladder_layout(rungs, num_values)["vocab_size"])
+
+
+def order_blind_ceiling(data: ProbeData) -> float:
+    """The best accuracy on `data` of any predictor that sees, at each scored position t, only
+    tokens[t] and the multiset of tokens[<= t] (a one-layer attention head without positions
+    or gates sees no more). Exact on this sample: each (token, bag) group is answered with its
+    most frequent target, so no order-blind model can score higher on `data`."""
+    groups: dict[tuple, dict[int, int]] = {}
+    for tokens, targets, mask in zip(data.tokens, data.targets, data.mask):
+        for t in np.flatnonzero(mask):
+            key = (int(tokens[t]), np.bincount(tokens[:t + 1], minlength=data.vocab_size).tobytes())
+            counts = groups.setdefault(key, {})
+            counts[int(targets[t])] = counts.get(int(targets[t]), 0) + 1
+    total = sum(sum(c.values()) for c in groups.values())
+    return sum(max(c.values()) for c in groups.values()) / max(total, 1)
+
+
+# ----------------------------------------------------------------------------------------------
+# Variable-duration dips
+# ----------------------------------------------------------------------------------------------
+
+
+def variable_dips_layout(rungs: int, num_values: int) -> dict[str, int]:
+    """Id offsets of `variable_dips`: PAD 0, DEAD 1, ALIVE 2, VAL(v) = 3 + v, ASK(v) =
+    4 + V + r + v, DOWN, HOLD, UP after those (ids 3 + V .. 3 + V + r are unused)."""
     val = 3
-    dip = val + num_values
-    ask = dip + rungs + 1
+    ask = val + num_values + rungs + 1
     down = ask + num_values
-    return {"dead": 1, "alive": 2, "val": val, "dip": dip, "ask": ask,
+    return {"dead": 1, "alive": 2, "val": val, "ask": ask,
             "down": down, "hold": down + 1, "up": down + 2, "vocab_size": down + 3}
 
 
-def _ladder_rows(rng, rungs, num_values, num_dips, num_queries, duration):
-    layout = ladder_layout(rungs, num_values)
+def _variable_dips_row(rng, rungs, num_values, num_dips, num_queries):
+    layout = variable_dips_layout(rungs, num_values)
     values = rng.choice(num_values, size=rungs, replace=False)
     tokens = [layout["val"] + int(v) for v in values]
     targets = [PAD] * rungs
@@ -77,13 +172,9 @@ def _ladder_rows(rng, rungs, num_values, num_dips, num_queries, duration):
         if is_dip:
             depth = int(rng.integers(0, rungs + 1))
             lowest = min(lowest, depth)
-            if duration:
-                hold = int(rng.integers(1, 3))
-                steps = rungs - depth
-                dip = ([layout["down"]] * steps + [layout["hold"]] * (hold - 1)
-                       + [layout["up"]] * steps)
-            else:
-                dip = [layout["dip"] + depth]
+            hold = int(rng.integers(1, 3))
+            steps = rungs - depth
+            dip = [layout["down"]] * steps + [layout["hold"]] * (hold - 1) + [layout["up"]] * steps
             tokens += dip
             targets += [PAD] * len(dip)
             mask += [False] * len(dip)
@@ -95,36 +186,19 @@ def _ladder_rows(rng, rungs, num_values, num_dips, num_queries, duration):
     return tokens, targets, mask
 
 
-def ladder(seed: int, num_sequences: int, rungs: int = 6, num_values: int | None = None,
-           num_dips: int = 3, num_queries: int = 8) -> ProbeData:
-    """Ladder / live-key set: which written keys survive dips of random depth.
-
-    Write phase: r rung tokens VAL(v_1) .. VAL(v_r), v_i distinct, uniform from num_values
-    symbols (None: num_values = r, so the values are a permutation); rung i sits at level i. Then num_dips dip tokens and num_queries query tokens in
-    random order. DIP(d), d uniform in {0, .., r}, lowers the level to d for one token: every
-    rung above d dies for good. ASK(v_i), i uniform in 1..r, is scored: target ALIVE if
-    i <= min(r, depths of the dips so far), else DEAD. Layout: ladder_layout(r, num_values).
-    """
-    num_values = rungs if num_values is None else num_values
-    _check_sizes("ladder", num_sequences=num_sequences, rungs=rungs, num_values=num_values,
-                 num_dips=num_dips, num_queries=num_queries)
-    if num_values < rungs:
-        raise ValueError(f"ladder: num_values must be >= rungs ({rungs}), got {num_values}")
-    rng = np.random.default_rng(seed)
-    rows = [_ladder_rows(rng, rungs, num_values, num_dips, num_queries, duration=False)
-            for _ in range(num_sequences)]
-    return _pack(rows, ladder_layout(rungs, num_values)["vocab_size"])
-
-
 def variable_dips(seed: int, num_sequences: int, rungs: int = 6, num_values: int | None = None,
                   num_dips: int = 3, num_queries: int = 8) -> ProbeData:
-    """Variable-duration dips: the ladder task with dips written as unit steps.
+    """Variable-duration dips: which written rungs survive dips written as unit steps.
 
-    As `ladder`, but a dip to depth d (uniform in {0, .., r}) is the tokens DOWN^(r-d),
-    HOLD^(k-1), UP^(r-d) with k uniform in {1, 2}: the level falls by one per DOWN, stays at
-    its deepest value d for k tokens (the last DOWN plus k-1 HOLDs), and climbs back by one per
-    UP. A rung i dies once the level falls below i. Scoring as in `ladder` (ALIVE iff
-    i <= min depth so far); queries occur only between dips. Layout: ladder_layout(r, num_values).
+    Write phase: r rung tokens VAL(v_1) .. VAL(v_r), v_i distinct, uniform from num_values
+    symbols (None: num_values = r, a permutation); rung i sits at level i. Then num_dips dips
+    and num_queries query tokens in random order. A dip to depth d (uniform in {0, .., r}) is
+    the tokens DOWN^(r-d), HOLD^(k-1), UP^(r-d) with k uniform in {1, 2}: the level falls by
+    one per DOWN from r, stays at its deepest value d for k tokens (the last DOWN plus k-1
+    HOLDs), and climbs back by one per UP. A rung i dies for good once the level falls below i.
+    ASK(v_i), i uniform in 1..r, is scored: target ALIVE if i <= min(r, depths of the dips so
+    far), else DEAD; queries occur only between dips. Layout: variable_dips_layout(r,
+    num_values).
     """
     num_values = rungs if num_values is None else num_values
     _check_sizes("variable_dips", num_sequences=num_sequences, rungs=rungs,
@@ -132,9 +206,9 @@ def variable_dips(seed: int, num_sequences: int, rungs: int = 6, num_values: int
     if num_values < rungs:
         raise ValueError(f"variable_dips: num_values must be >= rungs ({rungs}), got {num_values}")
     rng = np.random.default_rng(seed)
-    rows = [_ladder_rows(rng, rungs, num_values, num_dips, num_queries, duration=True)
+    rows = [_variable_dips_row(rng, rungs, num_values, num_dips, num_queries)
             for _ in range(num_sequences)]
-    return _pack(rows, ladder_layout(rungs, num_values)["vocab_size"])
+    return _pack(rows, variable_dips_layout(rungs, num_values)["vocab_size"])
 
 
 # ----------------------------------------------------------------------------------------------
