@@ -1,7 +1,7 @@
 """Per-kernel device time of one op's forward+backward, from a jax.profiler trace.
 
     python benchmarks/op_trace.py fpa --shape 4,4096,12,64 --fields walk [--out DIR]
-    python benchmarks/op_trace.py gdn --shape 4,4096,16,128
+    python benchmarks/op_trace.py gdn --shape 4,4096,16,128 [--intra-backward pallas]
     python benchmarks/op_trace.py fpa --shape 4,4096,12,64 1,16384,12,64 --fields walk,flat,fox
 
 op: fpa | fox | softmax (the "pallas" kernels) or gdn (gated_delta_rule, "pallas"); bf16 inputs,
@@ -117,7 +117,13 @@ def main():
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--top", type=int, default=20)
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
+    parser.add_argument("--intra-backward", choices=("xla", "pallas"), default=None,
+                        help="gdn: the WY preparation's backward (kernels_pallas/gated_delta/"
+                             "chunked.py INTRA_BACKWARD)")
     args = parser.parse_args()
+    if args.intra_backward is not None:
+        from kernels_pallas.gated_delta import chunked
+        chunked.INTRA_BACKWARD = args.intra_backward
     regimes = args.fields.split(",") if args.op == "fpa" else [args.fields]
     for text in args.shape:
         shape = tuple(int(n) for n in text.split(","))

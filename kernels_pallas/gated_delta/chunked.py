@@ -3,7 +3,8 @@
 Same math as `gdn_jax.ops.chunk` (chunk C = 64, WY form). The per-chunk preparation (A,
 (I + A)^{-1}, W, U, Kw and the intra-chunk attention P) runs in the Pallas kernel
 `wy_kernel.prepare` (its backward: the kernel again for the inverse, then the hand-written
-`wy.prepare_backward` in XLA with that inverse given); XLA forms the per-token rows
+`wy.prepare_backward` in XLA with that inverse given, or the one kernel
+`wy_backward_kernel.backward`: switch `INTRA_BACKWARD`); XLA forms the per-token rows
 (`wy.chunk_rows`) and the outputs from the entering states
 
     O_c = diag(e) Q_c S_c + (Q_c K_c^T ⊙ Gamma) (U_c - W_c S_c)
@@ -29,11 +30,17 @@ import jax
 import jax.numpy as jnp
 
 from gdn_jax.ops.naive import compute_dtype
-from kernels_pallas.gated_delta import state_kernels, wy, wy_kernel
+from kernels_pallas.gated_delta import state_kernels, wy, wy_backward_kernel, wy_kernel
 from kernels_pallas.interpret import interpret_active
 from kernels_pallas.padding import pad_time
 
 CHUNK = 64
+
+# The backward of the WY preparation: "xla" runs the WY kernel again for T = (I + A)^{-1}, then
+# `wy.prepare_backward`; "pallas" runs `wy_backward_kernel.backward` (T formed inside, one
+# launch) where its shared memory fits (K = V = 128 and below at 16 bits), "xla" otherwise.
+# Read when the backward is traced. "xla" until both are timed on a GPU.
+INTRA_BACKWARD = "xla"
 
 
 def _manual_axes(*arrays):
@@ -129,9 +136,9 @@ def _wy_kernel(scale, with_inverse):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
 def wy_preparation(q, k, v, rows, scale):
-    """(W, U, Kw, P) chunk-major from the kernel (`wy_kernel.prepare`). Backward: the kernel
-    runs again for T = (I + A)^{-1}, then `wy.prepare_backward` with T given (no residuals
-    beyond the inputs)."""
+    """(W, U, Kw, P) chunk-major from the kernel (`wy_kernel.prepare`). Backward (no residuals
+    beyond the inputs), by `INTRA_BACKWARD`: the kernel runs again for T = (I + A)^{-1}, then
+    `wy.prepare_backward` with T given, or `wy_backward_kernel.backward` forms all."""
     return _wy_kernel(scale, False)(q, k, v, rows)
 
 
@@ -139,7 +146,20 @@ def _wy_preparation_fwd(q, k, v, rows, scale):
     return _wy_kernel(scale, False)(q, k, v, rows), (q, k, v, rows)
 
 
+@functools.cache
+def _wy_backward_kernel(scale):
+    """`wy_backward_kernel.backward` behind one jax.jit, batchable by vmap (B is axis 0 of q,
+    k, v, rows and of the outputs, 1 of the cotangents)."""
+    return _folding_batch_axes(
+        jax.jit(lambda q, k, v, rows, *cotangents: wy_backward_kernel.backward(
+            q, k, v, rows, cotangents, scale=scale)),
+        in_axes=(0, 0, 0, 0, 1, 1, 1, 1), out_axes=(0, 0, 0, 0))
+
+
 def _wy_preparation_bwd(scale, residuals, cotangents):
+    _, k, v, _ = residuals
+    if INTRA_BACKWARD == "pallas" and wy_backward_kernel.fits(k.shape[-1], v.shape[-1]):
+        return _wy_backward_kernel(scale)(*residuals, *cotangents)
     inverse = _wy_kernel(scale, True)(*residuals)[4]
     return wy.prepare_backward(*residuals, inverse, cotangents, scale=scale)
 

@@ -56,6 +56,26 @@ def check_fits(key_dim, value_dim, operand_dtype):
                          f"V = {value_dim}, more than {SMEM_BYTES}")
 
 
+def unit_lower_inverse(a, i, j, x_s, m_s):
+    """(I + A)^{-1} float32 [C, C] for strictly lower A (float32, WGMMA layout; i, j its row and
+    column iotas) by the block forward substitution of the module docstring; x_s, m_s [C, C]
+    16-bit SMEM scratch (the products' operands)."""
+    def block(level):        # M_s for s = 2**level
+        return (((i >> (level + 1)) == (j >> (level + 1))) & ((i >> level) != (j >> level))
+                & (i > j))
+
+    x = jnp.where(i == j, 1.0, jnp.where(block(0), -a, 0.0))
+    for level in range(1, 6):
+        x_s[...] = x.astype(x_s.dtype)
+        m_s[...] = jnp.where(block(level), a, 0.0).astype(m_s.dtype)
+        plgpu.commit_smem()
+        left = matmul(x_s, m_s, a.shape)                 # X (A ⊙ M_s)
+        m_s[...] = left.astype(m_s.dtype)
+        plgpu.commit_smem()
+        x = x - matmul(m_s, x_s, a.shape)
+    return x
+
+
 def prepare(q, k, v, rows, *, scale, with_inverse=False, interpret=None):
     """(W, U, Kw, P[, T]) chunk-major; see the module docstring."""
     batch, _, num_heads, key_dim = k.shape
@@ -88,11 +108,10 @@ def prepare(q, k, v, rows, *, scale, with_inverse=False, interpret=None):
 
         i = plgpu.broadcasted_iota(jnp.int32, shape, 0, layout=plgpu.Layout.WGMMA)
         j = plgpu.broadcasted_iota(jnp.int32, shape, 1, layout=plgpu.Layout.WGMMA)
-        strictly_lower = i > j
         pairs = (i >= j) & (along("document_i", c) == along("document_j", c))
         decay = jnp.exp(jnp.where(pairs, along("gamma_i", c) - along("gamma_j", c), -jnp.inf))
         key_gram = matmul(k_s, k_s.T, shape)
-        a = jnp.where(strictly_lower, along("beta_i", c) * key_gram * decay, 0.0)
+        a = jnp.where(i > j, along("beta_i", c) * key_gram * decay, 0.0)
 
         p_s[...] = (scale * matmul(q_s, k_s.T, shape) * decay).astype(op_dtype)
         q_s[...] = (k_s[...].astype(jnp.float32)
@@ -101,20 +120,7 @@ def prepare(q, k, v, rows, *, scale, with_inverse=False, interpret=None):
         plgpu.copy_smem_to_gmem(p_s, p_ref.at[chunk, b, head])
         plgpu.copy_smem_to_gmem(q_s, kw_ref.at[chunk, b, head])
 
-        def block(level):        # M_s for s = 2**level
-            return (((i >> (level + 1)) == (j >> (level + 1))) & ((i >> level) != (j >> level))
-                    & strictly_lower)
-
-        x = jnp.where(i == j, 1.0, jnp.where(block(0), -a, 0.0))
-        for level in range(1, 6):
-            x_s[...] = x.astype(op_dtype)
-            m_s[...] = jnp.where(block(level), a, 0.0).astype(op_dtype)
-            plgpu.commit_smem()
-            left = matmul(x_s, m_s, shape)                 # X (A ⊙ M_s)
-            m_s[...] = left.astype(op_dtype)
-            plgpu.commit_smem()
-            x = x - matmul(m_s, x_s, shape)
-
+        x = unit_lower_inverse(a, i, j, x_s, m_s)
         x_s[...] = (x * along("beta_e", c)).astype(op_dtype)
         m_s[...] = (x * along("beta_j", c)).astype(op_dtype)
         if with_inverse:
