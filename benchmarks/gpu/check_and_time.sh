@@ -1,8 +1,8 @@
-# One H200 call (about six minutes): compiled gradients against xla (benchmarks/gradient_check_gpu.py),
-# per-kernel traces of FPA (FoX's fields), FoX and softmax at (4, 4096, 12, 64) and
-# (8, 2048, 16, 128) and of the gated delta rule at (4, 4096, 16, 128) (benchmarks/op_trace.py,
-# ptxas register and spill lines kept), then the 125M trainer benchmark of FPA and FoX at
-# context 2048. Needs the wheels of grain, array_record, portpicker and tensorboardX in .whl/
+# One H200 call (six to eight minutes): compiled gradients against xla
+# (benchmarks/gradient_check_gpu.py), per-kernel traces of FPA (FoX's fields) and FoX at
+# (4, 4096, 12, 64) and (8, 2048, 16, 128) and of the gated delta rule at (4, 4096, 16, 128)
+# with both WY backwards (benchmarks/op_trace.py, ptxas register and spill lines kept), then
+# the 125M trainer benchmark of FPA and FoX at context 2048. Needs the wheels of grain, array_record, portpicker and tensorboardX in .whl/
 # (the trainer); writes to $OUT.
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
@@ -12,10 +12,13 @@ timeout 90 python3 benchmarks/gradient_check_gpu.py --ops ${CHECK_OPS:-fpa} --di
 {
 MOSAIC_GPU_DUMP_PTXAS=1 timeout 120 python3 benchmarks/op_trace.py fpa --shape $SHAPES --fields ${FIELDS:-fox} --top 5 --out /tmp
 timeout 60 python3 benchmarks/op_trace.py fox --shape $SHAPES --top 4 --out /tmp
-timeout 50 python3 benchmarks/op_trace.py gdn --shape 4,4096,16,128 --top 8 --out /tmp
+for intra in xla pallas; do
+  timeout 50 python3 benchmarks/op_trace.py gdn --shape 4,4096,16,128 --top 8 --out /tmp \
+      --intra-backward $intra
+done
 } > $OUT/op_traces.txt 2>&1
 grep -E "wall median|  [0-9.]+ ms|Used [0-9]+ reg|spill stores,|C7511" $OUT/op_traces.txt | grep -v "^ptxas info    : Compiling"
 for preset in ${PRESETS:-fpa_125m fox_125m}; do
-  timeout 100 python3 -m train bench $preset --context 2048 --batch-size 8 \
+  timeout 150 python3 -m train bench $preset --context 2048 --batch-size 8 \
       --steps 10 --out $OUT/bench_$preset.json 2>&1 | grep -E "config|ms / step|tokens/s|MFU|compile|peak|error"
 done | tee $OUT/trainer_h200.txt
