@@ -13,11 +13,12 @@ timeout 90 python3 benchmarks/gradient_check_gpu.py --ops ${CHECK_OPS:-fpa} --di
 MOSAIC_GPU_DUMP_PTXAS=1 timeout 120 python3 benchmarks/op_trace.py fpa --shape $SHAPES --fields ${FIELDS:-fox} --top 5 --out /tmp
 timeout 60 python3 benchmarks/op_trace.py fox --shape $SHAPES --top 4 --out /tmp
 for intra in xla pallas; do
+  echo "gdn WY backward: $intra"
   timeout 50 python3 benchmarks/op_trace.py gdn --shape 4,4096,16,128 --top 8 --out /tmp \
       --intra-backward $intra
 done
 } > $OUT/op_traces.txt 2>&1
-grep -E "wall median|  [0-9.]+ ms|Used [0-9]+ reg|spill stores,|C7511" $OUT/op_traces.txt | grep -v "^ptxas info    : Compiling"
+grep -E "WY backward|wall median|  [0-9.]+ ms|Used [0-9]+ reg|spill stores,|C7511" $OUT/op_traces.txt | grep -v "^ptxas info    : Compiling"
 for preset in ${PRESETS:-fpa_125m fox_125m}; do
   timeout 150 python3 -m train bench $preset --context 2048 --batch-size 8 \
       --steps 10 --out $OUT/bench_$preset.json 2>&1 | grep -E "config|ms / step|tokens/s|MFU|compile|peak|error"
