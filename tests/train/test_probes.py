@@ -10,7 +10,7 @@ import pytest
 
 from train.probes import tasks
 from train.probes.runner import ProbeConfig, run_probe, train_seeds
-from train.probes.stats import fisher_greater
+from train.probes.stats import fisher_greater, sign_test_greater
 from train.probes.tasks import (PAD, TASKS, ladder_layout, resolve_sizes, two_walks_layout,
                                 variable_dips_layout)
 from tests.seeds import case_seed
@@ -396,6 +396,26 @@ def test_fisher_matches_known_values_and_scipy():
         fisher_greater(5, 4, 0, 4)
 
 
+def test_sign_test_paired_by_seed_matches_known_values_and_scipy():
+    # all 11 discordant seeds favour A: p = 2^-11 (the paper's form); ties carry no weight
+    a = [True] * 11 + [True, False] * 2
+    b = [False] * 11 + [True, False] * 2
+    assert sign_test_greater(a, b) == pytest.approx(2.0 ** -11, rel=1e-12)
+    # 3 of 4 discordant seeds favour A: (C(4, 3) + C(4, 4)) / 16
+    assert sign_test_greater([1, 1, 1, 0, 1], [0, 0, 0, 1, 1]) == pytest.approx(5 / 16)
+    assert sign_test_greater([True, False], [True, False]) == 1.0       # no discordant seed
+    assert sign_test_greater([False] * 3, [True] * 3) == 1.0
+    stats = pytest.importorskip("scipy.stats")
+    rng = np.random.default_rng(4)
+    for _ in range(20):
+        a, b = rng.random(15) < rng.random(), rng.random(15) < rng.random()
+        k, n = int(np.sum(a & ~b)), int(np.sum(a != b))
+        expected = stats.binomtest(k, n, 0.5, alternative="greater").pvalue if n else 1.0
+        assert sign_test_greater(list(a), list(b)) == pytest.approx(expected, rel=1e-9)
+    with pytest.raises(ValueError, match="pair seeds"):
+        sign_test_greater([True], [True, False])
+
+
 # ------------------------------------------------------------------------------ runner
 
 
@@ -415,6 +435,7 @@ def test_cli_writes_outputs_and_vmap_equals_seeds_one_by_one(tmp_path, capsys):
     assert (tmp_path / "probe.png").stat().st_size > 0
     with (tmp_path / "probe.csv").open() as handle:
         assert [row["method"] for row in csv.DictReader(handle)] == ["fpa"]
+    assert result["fisher"] == {} and result["sign_test"] == {}  # the reference alone
     run = result["methods"]["fpa"]
     assert np.shape(run["accuracy_curves"]) == (2, 2) and result["sizes"]["rungs"] == 3
     assert result["sizes"]["num_values"] == 4 and None not in result["sizes"].values()

@@ -1,7 +1,8 @@
 """Probe outputs: a text table, JSON (everything), CSV (one row per method), PNG.
 
-    table row per method:  successes / seeds, median final held-out accuracy, Fisher p of the
-                           reference method vs this method (one-sided, reference better)
+    table row per method:  successes / seeds, median final held-out accuracy, p-values of the
+                           reference method vs this method (one-sided, reference better):
+                           Fisher's exact test and the sign test paired by seed
     PNG: left, successes per method (bars); right, held-out accuracy curves (median over seeds,
          band = min..max) with the success threshold dashed
 """
@@ -19,22 +20,25 @@ def table_rows(result: dict) -> list[dict]:
     rows = []
     for method, run in result["methods"].items():
         p = result["fisher"].get(method)
+        sign = result.get("sign_test", {}).get(method)
         rows.append({"task": result["task"], "method": method, "successes": run["successes"],
                      "seeds": run["seeds"], "median_accuracy": float(np.median(run["final_accuracy"])),
                      "fisher_p_vs_reference": "" if p is None else p,
+                     "sign_p_vs_reference": "" if sign is None else sign,
                      "seconds": round(run["seconds"], 2)})
     return rows
 
 
 def format_table(result: dict) -> str:
     lines = [f"task {result['task']}  sizes {result['sizes']}  threshold {result['threshold']}  "
-             f"(p: one-sided Fisher, {result['reference']} better)",
-             f"{'method':<20} {'successes':>10} {'median acc':>11} {'p':>10} {'seconds':>9}"]
+             f"(p one-sided, {result['reference']} better: Fisher; sign test paired by seed)",
+             f"{'method':<20} {'successes':>10} {'median acc':>11} {'p Fisher':>10} "
+             f"{'p sign':>10} {'seconds':>9}"]
+    text = lambda p: "-" if p == "" else f"{p:.3g}"
     for row in table_rows(result):
-        p = row["fisher_p_vs_reference"]
-        p_text = "-" if p == "" else f"{p:.3g}"
         lines.append(f"{row['method']:<20} {row['successes']:>4d} / {row['seeds']:<3d} "
-                     f"{row['median_accuracy']:>11.3f} {p_text:>10} {row['seconds']:>9.1f}")
+                     f"{row['median_accuracy']:>11.3f} {text(row['fisher_p_vs_reference']):>10} "
+                     f"{text(row['sign_p_vs_reference']):>10} {row['seconds']:>9.1f}")
     return "\n".join(lines)
 
 

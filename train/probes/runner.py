@@ -27,7 +27,7 @@ import numpy as np
 import optax
 
 from train.probes.model import build_model, check_method
-from train.probes.stats import fisher_greater
+from train.probes.stats import fisher_greater, sign_test_greater
 from train.probes.tasks import TASKS, ProbeData, resolve_sizes
 
 
@@ -153,7 +153,8 @@ def run_probe(task: str, methods: list[str], config: ProbeConfig, sizes: dict | 
     """Every method on `task`; successes, Fisher p-values of `reference` vs each other method.
 
     Returns a JSON-ready dict: task, sizes, threshold, config, and per method successes,
-    seeds, final accuracies, curves and wall seconds; "fisher" maps method -> p-value.
+    seeds, final accuracies, curves and wall seconds; "fisher" and "sign_test" map method ->
+    one-sided p-value of the reference against it (Fisher; sign test paired by seed).
     progress(line): called before and after each method (its seeds train at once).
     """
     if task not in TASKS:
@@ -184,12 +185,16 @@ def run_probe(task: str, methods: list[str], config: ProbeConfig, sizes: dict | 
             "loss_curves": run["loss"].tolist(),
             "seconds": run["seconds"],
         }
-    fisher = {}
+    fisher, sign = {}, {}
     if reference in results:
         ref = results[reference]
-        fisher = {m: fisher_greater(ref["successes"], ref["seeds"], r["successes"], r["seeds"])
-                  for m, r in results.items() if m != reference}
+        succeeded = lambda run: [a > threshold for a in run["final_accuracy"]]
+        for m, r in results.items():
+            if m != reference:
+                fisher[m] = fisher_greater(ref["successes"], ref["seeds"], r["successes"],
+                                           r["seeds"])
+                sign[m] = sign_test_greater(succeeded(ref), succeeded(r))
     return {"task": task, "sizes": sizes, "threshold": threshold, "reference": reference,
             "config": dataclasses.asdict(config), "steps_axis":
             [config.eval_every * (i + 1) for i in range(config.steps // config.eval_every)],
-            "methods": results, "fisher": fisher}
+            "methods": results, "fisher": fisher, "sign_test": sign}
