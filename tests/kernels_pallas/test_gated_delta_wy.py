@@ -84,6 +84,27 @@ def test_wy_kernel_lowers_to_mosaic_gpu(key_dim, value_dim, dtype, with_inverse)
     assert "mosaic_gpu" in run.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
 
 
+def _cotangents(seed, outputs, dtype):
+    """Random cotangents of (W, U, Kw, P) in the kernel's output dtypes."""
+    rng = np.random.default_rng(seed)
+    return tuple(jnp.asarray(rng.standard_normal(x.shape), d)
+                 for x, d in zip(outputs[:4], (dtype, jnp.float32, dtype, dtype)))
+
+
+def _compare_gradients(got, want, tol):
+    for label, a, b in zip(("dq", "dk", "dv", "drows"), got, want):
+        assert a.shape == b.shape and a.dtype == b.dtype, label
+        assert np.isfinite(np.asarray(a, np.float32)).all(), label
+    for label, a, b in zip(("dq", "dk", "dv"), got, want):
+        assert _rel(a, b) < tol, (label, _rel(a, b))
+    for slot, label in enumerate(wy.ROWS):      # each row on its own scale
+        a, b = got[3][:, :, :, slot], want[3][:, :, :, slot]
+        if label.startswith("document"):
+            assert not np.asarray(a).any() and not np.asarray(b).any(), label
+        else:
+            assert _rel(a, b) < tol, (label, _rel(a, b))
+
+
 BACKWARD_CASES = {   # columns as in CASES
     # float32: the kernel tests below compare `wy.prepare_backward` with autodiff (through the
     # kernel) at 1e-5 on T = 1, ragged T with resets and grouped heads, strong decay with
@@ -103,47 +124,14 @@ def test_prepare_backward_matches_autodiff(name):
     q, k, v, rows = _inputs(seed, *shape, gate, resets, correlated, dtype)
     outputs = wy.prepare_reference(q, k, v, rows, scale=0.3)
     inverse = outputs[4]
-    rng = np.random.default_rng(seed + 1)
-    cotangents = tuple(jnp.asarray(rng.standard_normal(x.shape), d)   # the kernel's dtypes
-                       for x, d in zip(outputs[:4], (dtype, jnp.float32, dtype, dtype)))
+    cotangents = _cotangents(seed + 1, outputs, dtype)
 
     _, pull = jax.vjp(lambda *xs: wy.prepare_reference(*xs, scale=0.3, inverse=inverse)[:4],
                       q, k, v, rows)
     want = pull(tuple(c.astype(jnp.float32) for c in cotangents))
     got = jax.jit(lambda *xs: wy.prepare_backward(*xs, scale=0.3))(q, k, v, rows, inverse,
                                                                    cotangents)
-    for label, a, b in zip(("dq", "dk", "dv", "drows"), got, want):
-        assert a.shape == b.shape and a.dtype == b.dtype, label
-        assert np.isfinite(np.asarray(a, np.float32)).all(), label
-    for label, a, b in zip(("dq", "dk", "dv"), got, want):
-        assert _rel(a, b) < tol, (label, _rel(a, b))
-    for slot, label in enumerate(wy.ROWS):      # each row on its own scale
-        a, b = got[3][:, :, :, slot], want[3][:, :, :, slot]
-        if label.startswith("document"):
-            assert not np.asarray(a).any() and not np.asarray(b).any(), label
-        else:
-            assert _rel(a, b) < tol, (label, _rel(a, b))
-
-
-def _cotangents(seed, outputs, dtype):
-    """Random cotangents of (W, U, Kw, P) in the kernel's output dtypes."""
-    rng = np.random.default_rng(seed)
-    return tuple(jnp.asarray(rng.standard_normal(x.shape), d)
-                 for x, d in zip(outputs[:4], (dtype, jnp.float32, dtype, dtype)))
-
-
-def _compare_gradients(got, want, tol):
-    for label, a, b in zip(("dq", "dk", "dv", "drows"), got, want):
-        assert a.shape == b.shape and a.dtype == b.dtype, label
-        assert np.isfinite(np.asarray(a, np.float32)).all(), label
-    for label, a, b in zip(("dq", "dk", "dv"), got, want):
-        assert _rel(a, b) < tol, (label, _rel(a, b))
-    for slot, label in enumerate(wy.ROWS):      # each row on its own scale
-        a, b = got[3][:, :, :, slot], want[3][:, :, :, slot]
-        if label.startswith("document"):
-            assert not np.asarray(a).any(), label
-        else:
-            assert _rel(a, b) < tol, (label, _rel(a, b))
+    _compare_gradients(got, want, tol)
 
 
 KERNEL_BACKWARD_CASES = {   # columns as in CASES
