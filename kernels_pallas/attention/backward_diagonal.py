@@ -62,7 +62,7 @@ def diagonal_shares_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, c
         logits, extra = tile.logits_and_bias(scores, True, diag_rows, diag_cols)
         p = tile.probs(logits, tile.mask(True))
         dp = _matmul(do_s, v_s.transpose((1, 0)), (n, n))
-        coef, _ = tile.dead_coef(p * (dp - tile.row("delta")), extra)
+        coef, _ = tile.dead_coef(p * (dp - tile.row("delta")), extra["gap"]())
         key_sums, query_sums = tile.diagonal_shares(coef, extra["range_min"], diag_rows,
                                                     diag_cols)
         for index, total in enumerate(key_sums + query_sums):

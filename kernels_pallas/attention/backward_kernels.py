@@ -234,20 +234,31 @@ def _matmul(a_smem, b_smem, shape):
     return pl.run_scoped(body, plgpu.ACC(shape, jnp.float32))
 
 
-def _matmul_lhs(cfg, lhs, lhs_smem, b_smem, shape):
-    """lhs (a float32 tile in registers, cast to the input dtype) @ b_smem, float32.
+def _accumulate(cfg, acc, lhs, lhs_smem, rhs_smem, during=None, state=()):
+    """(acc + lhs @ rhs_smem, during(state)): lhs a float32 tile in registers, cast to the
+    input dtype; during (elementwise work on other values, returning a tuple like state) runs
+    while the matmul is in flight.
 
-    With cfg.lhs_in_registers the wgmma reads lhs from registers; otherwise it is stored to
-    lhs_smem first (the GPU interpreter of the tests supports only that form).
+    With cfg.lhs_in_registers the wgmma reads lhs from registers and accumulates into acc in
+    place (no second accumulator tile); otherwise lhs is staged in lhs_smem (the GPU
+    interpreter of the tests supports only that form) and `during` runs after the matmul.
+    A ref slot that rhs_smem indexes must be traced (a Python int fails in run_state).
     """
-    if cfg.lhs_in_registers:
-        def body(acc):
-            plgpu.wgmma(acc, lhs.astype(b_smem.dtype), b_smem)
-            return acc[...]
-        return pl.run_scoped(body, plgpu.ACC(shape, jnp.float32))
-    lhs_smem[...] = lhs.astype(lhs_smem.dtype)
-    plgpu.commit_smem()
-    return _matmul(lhs_smem, b_smem, shape)
+    if not cfg.lhs_in_registers:
+        lhs_smem[...] = lhs.astype(lhs_smem.dtype)
+        plgpu.commit_smem()
+        acc = acc + _matmul(lhs_smem, rhs_smem, acc.shape)
+        return acc, (tuple(state) if during is None else during(tuple(state)))
+    operand = lhs.astype(rhs_smem.dtype)
+
+    def body(refs):
+        acc_ref, state_refs = refs
+        plgpu.wgmma(acc_ref, operand, rhs_smem)
+        if during is not None:
+            for ref, value in zip(state_refs, during(tuple(ref[...] for ref in state_refs))):
+                ref[...] = value
+
+    return pl.run_state(body)((plgpu.ACC.init(acc), tuple(state)))
 
 
 def _zeros(shape, layout):
@@ -310,25 +321,50 @@ class _Tile:
             range_min = jnp.where(pair_levels == level, jnp.minimum(suf, pre), range_min)
         return range_min
 
+    def level_gap(self, gap_min):
+        """u = min(0, R - level) [n, n] of an off-diagonal FPA tile (< 0 where the key is
+        dead): two operations per pair, as min(x, a - level) with the per-key (key levels) or
+        per-query (query levels) part folded into a vector first. With A'_s = min(A_s, G):
+
+            key level psi_s:    u = min(min(0, A'_s - psi_s), C_t - psi_s)
+            query level psi_t:  u = min(min(0, C_t - psi_t), A'_s - psi_t)
+
+        equal to min(0, min(A'_s, C_t) - level) bit for bit (rounding is monotone). The
+        vectors are read from shared memory at each call, so a caller can recompute u instead
+        of keeping the tile live."""
+        over_keys = lambda x: lax.broadcast_in_dim(x, self.shape, [self.ka])
+        over_queries = lambda x: lax.broadcast_in_dim(x, self.shape, [self.qa])
+        key_min = jnp.minimum(self.cols.vec("suf_min"), gap_min)
+        if self.cfg.query_level:
+            level = self.rows.vec("psi")
+            folded = jnp.minimum(self.rows.vec("pre_min") - level, 0.0)
+            return jnp.minimum(over_queries(folded), over_keys(key_min) - over_queries(level))
+        level = self.cols.vec("psi")
+        folded = jnp.minimum(key_min - level, 0.0)
+        return jnp.minimum(over_keys(folded), over_queries(self.rows.vec("pre_min"))
+                           - over_keys(level))
+
     def logits_and_bias(self, scores, diagonal, diag_rows=None, diag_cols=None, gap_min=None):
-        """Logits [n, n] (before masking) and, for FPA, what the gradient pass needs."""
+        """Logits [n, n] (before masking) and, for FPA, what the gradient pass needs: "gap",
+        a function giving u = [dead] (R - level) (bias = beta u; off the diagonal it recomputes
+        u, which is cheaper than keeping the tile live over the matmuls) and, on the diagonal,
+        "range_min" R for the exact shares."""
         cfg = self.cfg
         extra = {}
         if cfg.mode == "none":
             bias = None
         elif cfg.mode == "separable":
             bias = self.row("row") - self.col("col")
-        else:
-            range_min = self.fpa_range_min(diagonal, diag_rows, diag_cols, gap_min)
+        elif diagonal:
+            range_min = self.fpa_range_min(True, diag_rows, diag_cols, gap_min)
             level = self.row("psi") if cfg.query_level else self.col("psi")
             gap = range_min - level
-            dead = gap < 0.0
-            if diagonal:
-                dead = dead & (self.s_local < self.t_local)
-            bias = self.beta * jnp.where(dead, gap, 0.0)
-            # only the bias stays live over the matmuls: dead = bias < 0 (beta > 0), and
-            # [dead] (R - level) = bias / beta; the diagonal's exact shares also need R
-            extra = dict(bias=bias, range_min=range_min if diagonal else None)
+            gap = jnp.where((gap < 0.0) & (self.s_local < self.t_local), gap, 0.0)
+            bias = self.beta * gap
+            extra = dict(gap=lambda: gap, range_min=range_min)
+        else:
+            bias = self.beta * self.level_gap(gap_min)
+            extra = dict(gap=functools.partial(self.level_gap, gap_min))
         if scores is None:
             logits = bias
         else:
@@ -345,11 +381,10 @@ class _Tile:
         p = jnp.exp(logits - self.row("lse"))
         return p if mask is None else jnp.where(mask, p, 0.0)
 
-    def dead_coef(self, ds, extra):
-        """(coef / beta = [dead] dS, bias dS = beta [dead] (R - level) dS) [n, n]. Masked pairs
-        have dS = 0; the callers apply beta and 1 / beta to the sums."""
-        bias = extra["bias"]
-        return jnp.where(bias < 0.0, ds, 0.0), bias * ds
+    def dead_coef(self, ds, gap):
+        """(coef / beta = [dead] dS, [dead] (R - level) dS) [n, n] from u = gap (masked pairs
+        have dS = 0); the callers apply beta to the sums."""
+        return jnp.where(gap < 0.0, ds, 0.0), gap * ds
 
     def exact_shares(self, coef, side, gap_min, gap_mass):
         """Per-pair soft-min shares of an off-diagonal tile, summed at once: (piece sum, gap
@@ -464,13 +499,13 @@ def _dkv_field_terms(cfg, tile, ds, extra, diagonal, path, r, gap, col_acc, add_
 
     def common(col_acc):
         """(col_acc with d level, d beta added, coef / beta)."""
-        coef, bias_ds = tile.dead_coef(ds, extra)
+        coef, gap_ds = tile.dead_coef(ds, extra["gap"]())
         col_acc = list(col_acc)
         at = 0
         if not cfg.query_level:
             col_acc[0] = col_acc[0] - beta * tile.sum_over_queries(coef)
             at = 1
-        col_acc[at] = col_acc[at] + tile.sum_over_queries(bias_ds) * (1.0 / beta)
+        col_acc[at] = col_acc[at] + tile.sum_over_queries(gap_ds)
         return col_acc, coef
 
     def exact(col_acc):
@@ -588,19 +623,25 @@ def dkv_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
                     logits, extra = tile.unbiased_logits(scores), None
                 mask = tile.mask(diagonal)
                 p = tile.probs(logits, mask)
-                dv = dv + _matmul_lhs(cfg, p, p_s, do_s.at[slot], (n, head_dim))
+                dv, _ = _accumulate(cfg, dv, p, p_s, do_s.at[slot])
                 dp = _matmul(v_s, do_s.at[slot].transpose((1, 0)), (n, n))
                 ds = p * (dp - tile.row("delta"))
+
+                def column_sums(col_acc):  # while dk's matmul runs
+                    if cfg.mode == "separable":
+                        return (col_acc[0] - tile.sum_over_queries(ds),)
+                    if fpa and field_work:
+                        return _dkv_field_terms(cfg, tile, ds, extra, diagonal, path, r,
+                                                (gap_min, gap_mass), col_acc,
+                                                functools.partial(_add_gap_total, gap_s, i, n))
+                    return col_acc
+
                 if cfg.content:
-                    dk = dk + _matmul_lhs(cfg, ds, ds_s, q_s.at[slot], (n, head_dim))
-                col_acc = list(col_acc)
-                if cfg.mode == "separable":
-                    col_acc[0] = col_acc[0] - tile.sum_over_queries(ds)
-                elif fpa and field_work:
-                    col_acc = _dkv_field_terms(cfg, tile, ds, extra, diagonal, path, r,
-                                               (gap_min, gap_mass), tuple(col_acc),
-                                               functools.partial(_add_gap_total, gap_s, i, n))
-                return dk, dv, tuple(col_acc)
+                    dk, col_acc = _accumulate(cfg, dk, ds, ds_s, q_s.at[slot], column_sums,
+                                              col_acc)
+                else:
+                    col_acc = column_sums(col_acc)
+                return dk, dv, col_acc
 
             r = path = None
             if cfg.separable and not diagonal:
@@ -622,7 +663,7 @@ def dkv_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
         if fpa:  # scalars: the gap's minimum and soft-min mass
             gap_min, gap_mass = jnp.float32(BIG), jnp.float32(0.0)
         carry = ((zeros_tile, zeros_tile, col_acc), gap_min, gap_mass)
-        carry = step(j, 0, carry, diagonal=True)
+        carry = step(j, lax.rem(j, 1), carry, diagonal=True)  # slot 0, traced (_accumulate)
         carry = lax.fori_loop(j + 1, end,
                               lambda i, c: step(i, lax.rem(i - j, 2), c, diagonal=False), carry)
         (dk, dv, col_acc), _, _ = carry
@@ -671,9 +712,10 @@ def _dq_field_terms(cfg, tile, p, ds, extra, diagonal, path, r, gap, row_acc):
 
     def common(row_acc):
         """(row_acc with pgap and, with query levels, d level added, coef / beta)."""
-        coef, _ = tile.dead_coef(ds, extra)
+        gap = extra["gap"]()
+        coef, _ = tile.dead_coef(ds, gap)
         row_acc = list(row_acc)
-        row_acc[-1] = row_acc[-1] + tile.sum_over_keys(p * extra["bias"]) * (1.0 / beta)
+        row_acc[-1] = row_acc[-1] + tile.sum_over_keys(p * gap)
         if cfg.query_level:
             row_acc[0] = row_acc[0] - beta * tile.sum_over_keys(coef)
         return row_acc, coef
@@ -781,18 +823,25 @@ def dq_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
                 p = tile.probs(logits, mask)
                 dp = _matmul(do_s, v_s.at[slot].transpose((1, 0)), (n, n))
                 ds = p * (dp - tile.row("delta"))
+
+                def row_sums(row_acc):  # while dq's matmul runs
+                    row_acc = list(row_acc)
+                    if cfg.mode == "separable":
+                        row_acc[0] = row_acc[0] + tile.sum_over_keys(ds)
+                    elif fpa:
+                        row_acc[-2] = row_acc[-2] + tile.sum_over_keys(ds)
+                        if field_work:
+                            row_acc = _dq_field_terms(cfg, tile, p, ds, extra, diagonal,
+                                                      path, r, (gap_min, gap_mass),
+                                                      tuple(row_acc))
+                    return tuple(row_acc)
+
                 if cfg.content:
-                    dq = dq + _matmul_lhs(cfg, ds, ds_s, k_s.at[slot], (n, head_dim))
-                row_acc = list(row_acc)
-                if cfg.mode == "separable":
-                    row_acc[0] = row_acc[0] + tile.sum_over_keys(ds)
-                elif fpa:
-                    row_acc[-2] = row_acc[-2] + tile.sum_over_keys(ds)
-                    if field_work:
-                        row_acc = _dq_field_terms(cfg, tile, p, ds, extra, diagonal,
-                                                  path, r, (gap_min, gap_mass),
-                                                  tuple(row_acc))
-                return dq, tuple(row_acc)
+                    dq, row_acc = _accumulate(cfg, dq, ds, ds_s, k_s.at[slot], row_sums,
+                                              row_acc)
+                else:
+                    row_acc = row_sums(row_acc)
+                return dq, row_acc
 
             r = path = None
             if cfg.separable and not diagonal:
@@ -813,7 +862,8 @@ def dq_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
         gap_min = gap_mass = None
         if fpa:  # scalars: the gap's minimum and soft-min mass
             gap_min, gap_mass = jnp.float32(BIG), jnp.float32(0.0)
-        carry = step(i, 0, ((zeros_tile, row_acc), gap_min, gap_mass), diagonal=True)
+        carry = step(i, lax.rem(i, 1), ((zeros_tile, row_acc), gap_min, gap_mass),
+                     diagonal=True)  # slot 0, traced (_accumulate)
 
         def off_diagonal(m, c):
             j = i - 1 - m

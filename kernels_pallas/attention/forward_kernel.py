@@ -138,11 +138,14 @@ class _Pack:
         for name in (v for v in scalars if v in self.names):
             self.loaded[name] = self.ref[self.names.index(name), 0]
 
+    def vector(self, name, axis):
+        """Row `name` as a vector along tile axis `axis` (0: over t)."""
+        row = self.loaded.get((name, axis))
+        return self._load(name, axis) if row is None else row
+
     def vec(self, name, axis, shape):
         """Row `name` broadcast along tile axis 1 - axis (axis 0: a vector over t)."""
-        row = self.loaded.get((name, axis))
-        row = self._load(name, axis) if row is None else row
-        return lax.broadcast_in_dim(row, shape, [axis])
+        return lax.broadcast_in_dim(self.vector(name, axis), shape, [axis])
 
     def scalar(self, name):
         value = self.loaded.get(name)
@@ -239,11 +242,24 @@ def forward_kernel(cfg: ForwardConfig, q, k, v, rowp, colp):
                                             rows.vec(f"dpre{level}", 0, shape))
                         range_min = jnp.where(pair, piece, range_min)
                     level = rows.vec("psi", 0, shape) if cfg.query_level else rows.vec("dpsi", 1, shape)
+                    return (beta * LOG2E) * jnp.minimum(range_min - level, 0.0)
+                # off the diagonal min(0, min(A'_s, C_t) - level), A'_s = min(A_s, G), with the
+                # per-key (key level) or per-query (query level) part folded into a vector:
+                # two operations per pair, equal bit for bit (rounding is monotone)
+                key_min = jnp.minimum(cols.vector("suf", 1), gap_min)
+                over_keys = lambda x: lax.broadcast_in_dim(x, shape, [1])
+                over_queries = lambda x: lax.broadcast_in_dim(x, shape, [0])
+                if cfg.query_level:
+                    level = rows.vector("psi", 0)
+                    folded = jnp.minimum(rows.vector("pre", 0) - level, 0.0)
+                    gap = jnp.minimum(over_queries(folded),
+                                      over_keys(key_min) - over_queries(level))
                 else:
-                    suffix = jnp.minimum(cols.vec("suf", 1, shape), gap_min)
-                    range_min = jnp.minimum(suffix, rows.vec("pre", 0, shape))
-                    level = rows.vec("psi", 0, shape) if cfg.query_level else cols.vec("psi", 1, shape)
-                return (beta * LOG2E) * jnp.minimum(range_min - level, 0.0)
+                    level = cols.vector("psi", 1)
+                    folded = jnp.minimum(key_min - level, 0.0)
+                    gap = jnp.minimum(over_keys(folded), over_queries(rows.vector("pre", 0))
+                                      - over_keys(level))
+                return (beta * LOG2E) * gap
 
             def compute(j, slot, cols, diagonal, gap_min, state, biased=True):
                 acc, m, l = state
