@@ -39,8 +39,9 @@ CHUNK = 64
 # The backward of the WY preparation: "xla" runs the WY kernel again for T = (I + A)^{-1}, then
 # `wy.prepare_backward`; "pallas" runs `wy_backward_kernel.backward` (T formed inside, one
 # launch) where its shared memory fits (K = V = 128 and below at 16 bits), "xla" otherwise.
-# Read when the backward is traced. "xla" until both are timed on a GPU.
-INTRA_BACKWARD = "xla"
+# Read when the backward is traced. On the H200 at (4, 4096, 16, 128) "pallas" took the op's
+# forward+backward from 4.50 to 3.44 ms (docs/benchmarks.md).
+INTRA_BACKWARD = "pallas"
 
 
 def _manual_axes(*arrays):
