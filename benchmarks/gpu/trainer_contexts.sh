@@ -1,0 +1,20 @@
+# One H200 call (about seven minutes): `python -m train bench` of the 125M presets at context
+# 2048 (batch 8) and of the GDN, hybrid and softmax presets at context 8192 (batch 2: the same
+# tokens per step). Needs the wheels of grain, array_record, portpicker and tensorboardX in
+# .whl/; writes bench_<preset>_<context>.json and trainer_contexts.txt to $OUT.
+# Knobs: PRESETS_2K, PRESETS_8K, STEPS.
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+run() {  # preset context batch
+  timeout 110 python3 -m train bench $1 --context $2 --batch-size $3 --steps ${STEPS:-8} \
+      --out $OUT/bench_$1_$2.json 2>&1 | grep -E "config|context|ms / step|tokens/s|MFU|compile|peak|estimate|error" \
+      || echo "$1 at $2: no result (rc ${PIPESTATUS[0]})"
+}
+{
+for preset in ${PRESETS_2K-fpa_125m fox_125m softmax_rope_125m gdn_125m hybrid_125m}; do
+  run $preset 2048 8
+done
+for preset in ${PRESETS_8K-gdn_125m softmax_rope_125m hybrid_125m}; do
+  run $preset 8192 2
+done
+} | tee $OUT/trainer_contexts.txt
