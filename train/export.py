@@ -313,9 +313,15 @@ become Conv1d weights [C, 1, W]; the GatedDeltaNet output gate `z_proj` is fla's
 
 The JAX model restarts positions and masks attention at document boundaries of packed
 sequences; give fla one document per sequence (or its `cu_seqlens`) for the same logits.
-Status: re-import into JAX is tested bit-exact, and a numpy forward written in fla's conventions
-on these tensors reproduces the JAX logits; loading into fla itself and comparing logits on a
-GPU has not been done yet.
+Comparing float32 logits with the JAX model: fla's Triton kernels multiply float32 inputs in
+TF32 unless `TRITON_F32_DEFAULT=ieee` is set before they compile; also set
+`torch.backends.cuda.matmul.allow_tf32 = False` and run JAX under
+`jax.default_matmul_precision("highest")`, as JAX uses TF32 on a GPU by default too (with TF32
+on both sides the logits of small models differed by about 2e-3).
+Status: re-import into JAX is tested bit-exact; fla's own model classes load these files and,
+on the CPU with PyTorch stand-ins for fla's Triton kernels, give the JAX model's float32 logits
+within 1e-5 (tests/train/test_export_fla.py); benchmarks/verify_export_fla.py runs the same
+comparison with fla's kernels on a GPU.
 """
 
 FPA_BODY = """
