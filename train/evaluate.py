@@ -33,25 +33,37 @@ from train.sharding import mesh_context
 
 
 def evaluate(session: Session, params: Any, batches: Iterator[dict[str, np.ndarray]],
-             num_batches: int) -> dict[str, Any]:
-    """Mean held-out loss over `num_batches` batches and the per-position-bucket mean loss."""
-    totals = None
+             num_batches: int, per_document: bool = False) -> dict[str, Any]:
+    """Mean held-out loss over `num_batches` batches and the per-position-bucket mean loss.
+    per_document: also "document_loss_sum" and "document_tokens", one entry per document piece
+    (a row's segment with scored tokens), in batch, row, segment order, so that two models
+    evaluated on the same batches pair up entry by entry."""
+    totals, piece_sums, piece_counts = None, [], []
     with mesh_context(session.mesh):
         for _ in range(num_batches):
-            out = session.eval_step(params, to_global(session, next(batches)))
+            out = dict(session.eval_step(params, to_global(session, next(batches))))
+            sums, counts = out.pop("document_loss_sum"), out.pop("document_count")
+            if per_document:
+                counts = np.asarray(jax.device_get(counts))     # replicated (session.py)
+                piece_sums.append(np.asarray(jax.device_get(sums))[counts > 0])
+                piece_counts.append(counts[counts > 0])
             totals = out if totals is None else jax.tree.map(jnp.add, totals, out)
     totals = jax.device_get(totals)
     width = -(-session.config.data.seq_len // session.config.train.position_buckets)
     counts = totals["bucket_count"]
     per_position = [float(s / c) if c > 0 else None
                     for s, c in zip(totals["bucket_loss_sum"], counts)]
-    return {
+    result = {
         "loss": float(totals["loss_sum"] / max(totals["count"], 1.0)),
         "tokens": int(totals["count"]),
         "position_bucket_start": [i * width for i in range(len(counts))],
         "position_loss": per_position,
         "position_tokens": [int(c) for c in counts],
     }
+    if per_document:
+        result["document_loss_sum"] = [float(x) for x in np.concatenate(piece_sums)]
+        result["document_tokens"] = [int(x) for x in np.concatenate(piece_counts)]
+    return result
 
 
 def _eval_config(config: Config, seq_len: int | None, batch_size: int | None) -> Config:
@@ -66,12 +78,13 @@ def _eval_config(config: Config, seq_len: int | None, batch_size: int | None) ->
 
 def evaluate_run(run_dir: str | Path, *, seq_len: int | None = None,
                  num_batches: int | None = None, step: int | None = None,
-                 batch_size: int | None = None) -> dict[str, Any]:
+                 batch_size: int | None = None, per_document: bool = False) -> dict[str, Any]:
     """Held-out loss of a run's newest readable checkpoint, or of `step` (an error if that
     step is missing or unreadable), optionally at another context length or batch size
     (default: the run's data.seq_len, data.batch_size). A DeviceMemoryError, before anything
     is restored or compiled, when the forward's memory lower bound (module doc) exceeds the
-    device's. Read-only: no checkpoint file is moved or deleted."""
+    device's. per_document: as for `evaluate`. Read-only: no checkpoint file is moved or
+    deleted."""
     for name, value in (("seq_len", seq_len), ("num_batches", num_batches),
                         ("batch_size", batch_size)):
         if value is not None and value < 1:
@@ -94,6 +107,6 @@ def evaluate_run(run_dir: str | Path, *, seq_len: int | None = None,
     with out_of_memory_errors(config, eval_what_to_lower(config)):
         batches = iter(make_split_dataset(config, tokenizer, "eval"))
         result = evaluate(session, restored.state["params"], batches,
-                          num_batches or config.train.eval_batches)
+                          num_batches or config.train.eval_batches, per_document)
     return {"step": restored.step, "seq_len": config.data.seq_len,
             "batch_size": config.data.batch_size, **result}

@@ -3,6 +3,7 @@ tokens and budget, then evaluate it at and beyond the training length.
 
     python -m train.lm_compare --size cpu|h200 [--out DIR] [--runs-dir DIR]
                                [--models fpa,fox,...] [--samples N] [key=value ...]
+    python -m train.lm_compare --merge A/lm_compare.json B/lm_compare.json ... --out DIR
 
     models      presets configs/lmc_<size>_<model>.yaml: fpa, fox, softmax_rope, gdn, hybrid
                 (GDN + FPA); one base per size (configs/base/lmc_<size>.yaml) fixes the data,
@@ -10,16 +11,20 @@ tokens and budget, then evaluate it at and beyond the training length.
                 key=value overrides apply to every model
     per model   train into RUNS_DIR/<model> (train/fit.py; a finished run is resumed, not
                 retrained), then
-                  held-out loss     at L over train.eval_batches batches (the final
-                                    evaluation of fit, or train/evaluate.py on a resumed run)
+                  held-out loss     at L over train.eval_batches batches, with each
+                                    document piece's loss (train/evaluate.py)
                   position loss     held-out loss at 4L by document position
                                     (train/long_eval.py), summarised per span [kL, (k+1)L),
                                     k = 0..3, as the token-weighted mean of its buckets
                   passkey           accuracy at 1L, 2L, 4L, 8L: mean over needle depths
                                     (cpu 0, 0.5, 1; h200 0, 0.25, .., 1) x `samples` samples
                                     (teacher-forced exact match, train/long_eval_tasks.py)
-    output      DIR/lm_compare.json (everything, incl. each model's long_eval result),
-                DIR/lm_compare.md (the table), DIR/lm_compare.png (three panels);
+                  against FoX       the held-out loss difference over the same document
+                                    pieces with a paired bootstrap 95% interval, and
+                                    passkeys found per length with Fisher's exact test
+    output      DIR/lm_compare.json (everything, incl. each model's long_eval result and
+                per-document held-out losses), DIR/lm_compare.md (the table, then the
+                comparison with FoX), DIR/lm_compare.png (three panels);
                 RUNS_DIR/<model>/long-eval/ the long_eval heatmap and position-loss PNGs
 """
 
@@ -70,7 +75,7 @@ def compare_model(size: str, model: str, runs_dir: Path, overrides: list[str],
         return None
     train_seconds = time.perf_counter() - started
     started = time.perf_counter()
-    heldout = result.eval if result.eval is not None else evaluate_run(run_dir)
+    heldout = evaluate_run(run_dir, per_document=True)
     seq_len, depths = config.data.seq_len, DEPTHS[size]
     long = evaluate_long(run_dir, lengths=[f * seq_len for f in LENGTH_FACTORS], depths=depths,
                          tasks=("passkey",), num_samples=samples, seed=0,
@@ -82,12 +87,84 @@ def compare_model(size: str, model: str, runs_dir: Path, overrides: list[str],
     return {"model": model, "config": config.name, "params": result.params,
             "steps": result.steps, "tokens": result.steps * config.data.batch_size * seq_len,
             "train_seq_len": seq_len, "heldout_loss": heldout["loss"],
+            "heldout_documents": {"loss_sum": heldout["document_loss_sum"],
+                                  "tokens": heldout["document_tokens"]},
             "span_loss": span_losses(long["position_loss"], seq_len),
-            "passkey": passkey,
+            "passkey": passkey, "passkey_counts": passkey_counts(long["passkey"]),
             "train_seconds": round(train_seconds, 1) if result.start_step < result.steps
             else None,
             "tokens_per_second": result.tokens_per_second,
             "eval_seconds": round(time.perf_counter() - started, 1), "long_eval": long}
+
+
+def passkey_counts(passkey: dict) -> list[list[int] | None]:
+    """[correct, total] per length, summed over depths (None where a prompt does not fit);
+    each cell's accuracy is a mean over `samples` prompts."""
+    samples, out = passkey["samples"], []
+    for j in range(len(passkey["lengths"])):
+        cells = [row[j] for row in passkey["accuracy"]]
+        out.append(None if any(c is None for c in cells)
+                   else [int(round(sum(cells) * samples)), samples * len(cells)])
+    return out
+
+
+def paired_bootstrap(loss_a, loss_b, tokens, resamples: int = 2000, seed: int = 0):
+    """(difference, low, high): the token-weighted held-out loss of A minus B over the same
+    document pieces (loss_a, loss_b: each piece's summed loss; tokens: its scored tokens), and
+    the 95% percentile interval over `resamples` resamplings of the pieces with replacement."""
+    import numpy as np
+
+    loss_a, loss_b, tokens = (np.asarray(x, np.float64) for x in (loss_a, loss_b, tokens))
+    if not (loss_a.shape == loss_b.shape == tokens.shape) or loss_a.ndim != 1 or not len(tokens):
+        raise ValueError(f"paired_bootstrap: expected three equal-length non-empty vectors, got "
+                         f"{loss_a.shape}, {loss_b.shape}, {tokens.shape}")
+    difference = (loss_a - loss_b).sum() / tokens.sum()
+    picks = np.random.default_rng(seed).integers(0, len(tokens), (resamples, len(tokens)))
+    draws = (loss_a - loss_b)[picks].sum(axis=1) / tokens[picks].sum(axis=1)
+    low, high = np.percentile(draws, [2.5, 97.5])
+    return float(difference), float(low), float(high)
+
+
+def comparison_table(rows: list[dict], anchor: str = "fox") -> str:
+    """Each model against `anchor` on the same held-out document pieces (paired bootstrap of
+    the loss difference) and the same passkey prompts (Fisher's exact test, one-sided: the
+    model finds more passkeys than the anchor); "" without the anchor's row."""
+    from train.probes.stats import fisher_greater
+
+    base = next((row for row in rows if row["model"] == anchor), None)
+    if base is None:
+        return ""
+    reference = base["heldout_documents"]
+    lengths = [f"{f}L" for f in LENGTH_FACTORS]
+    header = ["model", f"loss - {anchor} (95% CI)",
+              *(f"passkey {n}: found (p)" for n in lengths)]
+    lines = [f"Against {anchor}: held-out loss difference over the same "
+             f"{len(reference['tokens'])} document pieces (paired bootstrap, 2000 resamplings); "
+             f"passkeys found out of the prompts of each length, and the one-sided Fisher "
+             f"exact p-value of finding more than {anchor}.", "",
+             "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in rows:
+        documents = row["heldout_documents"]
+        if documents["tokens"] != reference["tokens"]:
+            raise ValueError(f"{row['model']}: its held-out document pieces differ from "
+                             f"{anchor}'s (not the same data, seq_len or eval batches)")
+        cells = [row["model"]]
+        if row is base:
+            cells.append("-")
+        else:
+            diff, low, high = paired_bootstrap(documents["loss_sum"], reference["loss_sum"],
+                                               documents["tokens"])
+            cells.append(f"{diff:+.4f} ({low:+.4f}, {high:+.4f})")
+        for mine, theirs in zip(row["passkey_counts"], base["passkey_counts"]):
+            if mine is None or theirs is None:
+                cells.append("-")
+            elif row is base:
+                cells.append(f"{mine[0]}/{mine[1]}")
+            else:
+                p = fisher_greater(mine[0], mine[1], theirs[0], theirs[1])
+                cells.append(f"{mine[0]}/{mine[1]} ({p:.2g})")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def _fmt(value, digits=3):
@@ -157,9 +234,13 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
         description="Train FPA, FoX, softmax-RoPE, GDN and a GDN+FPA hybrid on the same data "
                     "and tokens; one table of held-out loss, per-position loss to 4L and "
                     "passkey accuracy at 1L-8L.")
-    parser.add_argument("--size", choices=SIZES, required=True,
+    parser.add_argument("--size", choices=SIZES,
                         help="cpu: a couple of minutes on 2 cores; h200: about a minute of "
-                             "training per model on one H200")
+                             "training per model on one H200 (required unless --merge)")
+    parser.add_argument("--merge", nargs="+", metavar="JSON",
+                        help="train nothing: one table and plot from the rows of earlier "
+                             "lm_compare.json files (e.g. one model per machine call), "
+                             "written to --out")
     parser.add_argument("--out", help="tables and plot (default runs/lm_compare-<size>)")
     parser.add_argument("--runs-dir", help="the models' run directories (default OUT/runs)")
     parser.add_argument("--models", default=",".join(MODELS),
@@ -169,6 +250,12 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("overrides", nargs="*", metavar="key=value",
                         help="config overrides for every model, e.g. train.steps=500")
     args = parser.parse_args(argv)
+    if args.merge:
+        if not args.out:
+            parser.error("--merge: expected --out DIR for the merged table")
+        return args
+    if args.size is None:
+        parser.error("--size: required (cpu or h200) unless --merge")
     models = [m for m in args.models.split(",") if m]
     unknown = [m for m in models if m not in MODELS]
     if unknown or not models:
@@ -185,6 +272,8 @@ def main(argv: list[str] | None = None) -> int:
     from train.config import ConfigError
 
     args = parse_arguments(argv)
+    if args.merge:
+        return merge(args.merge, Path(args.out))
     out = Path(args.out or f"runs/lm_compare-{args.size}")
     out.mkdir(parents=True, exist_ok=True)
     runs_dir = Path(args.runs_dir) if args.runs_dir else out / "runs"
@@ -201,14 +290,47 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, FileNotFoundError) as error:
         print(f"error: {' '.join(str(error).split())}", file=sys.stderr)
         return 2 if isinstance(error, ConfigError) else 1
-    table = markdown_table(rows, args.size)
-    (out / "lm_compare.md").write_text(table)
     (out / "lm_compare.json").write_text(json.dumps(
         {"size": args.size, "overrides": args.overrides, "rows": rows,
          "wall_seconds": round(time.perf_counter() - started, 1)}, indent=1) + "\n")
+    write_tables(rows, args.size, out)
+    print(f"wall {time.perf_counter() - started:.0f} s; written: {out}/lm_compare.{{json,md,png}}")
+    return 0
+
+
+def write_tables(rows: list[dict], size: str, out: Path) -> None:
+    """OUT/lm_compare.md (the table, then the comparison with FoX) and OUT/lm_compare.png."""
+    table = markdown_table(rows, size)
+    against = comparison_table(rows)
+    (out / "lm_compare.md").write_text(table + ("\n" + against if against else ""))
     plot(rows, out / "lm_compare.png")
     print(table)
-    print(f"wall {time.perf_counter() - started:.0f} s; written: {out}/lm_compare.{{json,md,png}}")
+    print(against)
+
+
+def merge(paths: list[str], out: Path) -> int:
+    """--merge: the rows of earlier runs' lm_compare.json in one table (models in the order
+    given; a model given twice is an error)."""
+    rows, sizes = [], set()
+    for path in paths:
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, json.JSONDecodeError) as error:
+            print(f"error: --merge: cannot read {path}: {error}", file=sys.stderr)
+            return 1
+        sizes.add(data["size"])
+        rows.extend(data["rows"])
+    names = [row["model"] for row in rows]
+    if len(set(names)) != len(names) or len(sizes) != 1:
+        print(f"error: --merge: expected each model once and one size, got models {names} "
+              f"and sizes {sorted(sizes)}", file=sys.stderr)
+        return 2
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        write_tables(rows, sizes.pop(), out)
+    except ValueError as error:
+        print(f"error: --merge: {error}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -110,7 +110,10 @@ def make_train_step(model: nn.Module, optimizer: optax.GradientTransformation,
 
 def make_eval_step(model: nn.Module, seq_len: int,
                    buckets: int) -> Callable[[Any, dict], dict[str, jax.Array]]:
-    """params, batch -> {"loss_sum", "count", "bucket_loss_sum" [nb], "bucket_count" [nb]}."""
+    """params, batch -> {"loss_sum", "count", "bucket_loss_sum" [nb], "bucket_count" [nb],
+    "document_loss_sum" [B, L+1], "document_count" [B, L+1]}: the last two per row and segment
+    id (the packer's document pieces, 1, 2, ... within a row; 0 is padding), for paired
+    per-document comparisons of models on the same batches (train/evaluate.py)."""
     width = -(-seq_len // buckets)
 
     def eval_step(params, batch):
@@ -118,8 +121,13 @@ def make_eval_step(model: nn.Module, seq_len: int,
         losses, mask = terms["losses"], terms["mask"]
         bucket = jnp.minimum(positions_within_documents(terms["segment_ids"]) // width,
                              buckets - 1)
+        rows, length = mask.shape
+        row = jnp.arange(rows)[:, None]
+        pieces = jnp.zeros((rows, length + 1), jnp.float32)
         return {"loss_sum": jnp.sum(losses * mask), "count": jnp.sum(mask),
                 "bucket_loss_sum": jnp.zeros(buckets, jnp.float32).at[bucket].add(losses * mask),
-                "bucket_count": jnp.zeros(buckets, jnp.float32).at[bucket].add(mask)}
+                "bucket_count": jnp.zeros(buckets, jnp.float32).at[bucket].add(mask),
+                "document_loss_sum": pieces.at[row, terms["segment_ids"]].add(losses * mask),
+                "document_count": pieces.at[row, terms["segment_ids"]].add(mask)}
 
     return eval_step

@@ -62,3 +62,59 @@ def test_bad_arguments_exit_2(capsys):
         parse_arguments(["--size", "cpu", "--models", "fpa,nope"])
     assert info.value.code == 2 and "--models" in capsys.readouterr().err
     assert parse_arguments(["--size", "h200"]).samples == 20
+
+
+def with_documents(row, losses, passkey_counts):
+    tokens = [5, 7, 3, 9]
+    return {**row, "heldout_documents": {"loss_sum": [l * t for l, t in zip(losses, tokens)],
+                                         "tokens": tokens},
+            "passkey_counts": passkey_counts}
+
+
+def test_paired_bootstrap_interval_holds_the_difference():
+    from train.lm_compare import paired_bootstrap
+    rng = np.random.default_rng(case_seed(2))
+    tokens = rng.integers(50, 500, 200)
+    loss_b = rng.uniform(2.0, 4.0, 200) * tokens
+    loss_a = loss_b - (0.02 + 0.01 * rng.standard_normal(200)) * tokens
+    diff, low, high = paired_bootstrap(loss_a, loss_b, tokens)
+    assert diff == pytest.approx((loss_a - loss_b).sum() / tokens.sum())
+    assert low < diff < high < 0.0 and high - low < 0.01
+    # paired: the per-piece spread of the two models' losses (1-3 nats) does not widen it
+    assert paired_bootstrap(loss_b, loss_b, tokens) == (0.0, 0.0, 0.0)
+    with pytest.raises(ValueError, match="equal-length"):
+        paired_bootstrap(loss_a, loss_b[:-1], tokens)
+
+
+def test_comparison_with_fox_and_merge(tmp_path, capsys):
+    import json
+
+    from train.lm_compare import comparison_table, main
+    fox = with_documents(fake_row("fox", 3.3), [3.3, 3.4, 3.2, 3.3], [None, [40, 100], [10, 100], [0, 100]])
+    fpa = with_documents(fake_row("fpa", 3.2), [3.2, 3.3, 3.1, 3.2], [None, [90, 100], [60, 100], [5, 100]])
+    table = comparison_table([fpa, fox])
+    body = [line for line in table.splitlines() if line.startswith("| ")]
+    assert body[1].startswith("| fpa | -0.1000 (-0.1000, -0.1000) | - | 90/100 (")
+    assert body[2] == "| fox | - | - | 40/100 | 10/100 | 0/100 |"
+    assert comparison_table([fpa]) == ""
+    other = with_documents(fake_row("gdn", 3.0), [3.0] * 4, fox["passkey_counts"])
+    other["heldout_documents"]["tokens"] = [5, 7, 3, 8]
+    with pytest.raises(ValueError, match="gdn: its held-out document pieces differ"):
+        comparison_table([other, fox])
+
+    for name, row in (("a", fpa), ("b", fox)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "lm_compare.json").write_text(json.dumps({"size": "cpu", "rows": [row]}))
+    files = [str(tmp_path / n / "lm_compare.json") for n in ("a", "b")]
+    assert main(["--merge", *files, "--out", str(tmp_path / "merged")]) == 0
+    merged = (tmp_path / "merged" / "lm_compare.md").read_text()
+    assert "| fpa | -0.1000" in merged and (tmp_path / "merged" / "lm_compare.png").exists()
+    assert main(["--merge", files[0], files[0], "--out", str(tmp_path / "m2")]) == 2
+    assert "each model once" in capsys.readouterr().err
+
+
+def test_passkey_counts_sum_depths_and_skip_lengths_that_do_not_fit():
+    from train.lm_compare import passkey_counts
+    passkey = {"lengths": [16, 32], "samples": 20,
+               "accuracy": [[None, 0.5], [None, 0.25], [None, 1.0]]}
+    assert passkey_counts(passkey) == [None, [35, 60]]
