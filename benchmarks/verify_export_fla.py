@@ -18,7 +18,9 @@ the same random tokens (one document per row) are compared (relative L2 over all
                set_float32_matmul_precision("highest")) and TRITON_F32_DEFAULT=ieee, so that
                fla's Triton kernels' tl.dot run IEEE float32 instead of their TF32 default (fla's
                own tests do the same). The fla softmax layers call flash_attn, absent from the
-               image: a stand-in runs PyTorch's SDPA (math backend in float32). Target: 1e-5.
+               image: a stand-in runs PyTorch's SDPA (math backend in float32). fla's gated
+               delta rule names TF32 for its intra-chunk triangular solve, which the variable
+               does not reach: force_ieee_in_fla_kernels sets it to IEEE. Target: 1e-5.
     fp32 tail  the same over the last eighth of the positions (error growing with length)
     fla-f64, JAX-f64   each side's float32 logits vs a float64 numpy forward of the export in
                fla's conventions (f64_logits). When both sides are about as far from it as from
@@ -309,6 +311,25 @@ def limit_triton_autotuning() -> None:
     autotuner.Autotuner.run = run
 
 
+def force_ieee_in_fla_kernels() -> dict:
+    """TRITON_F32_DEFAULT=ieee sets the precision of the tl.dot calls that name none; fla's
+    gated delta rule names one for its intra-chunk triangular solve, TF32 on TF32-capable GPUs
+    (fla.ops.gated_delta_rule.chunk_fwd.SOLVE_TRIL_DOT_PRECISION, fla 0.6.0). Set it to IEEE
+    before the kernel compiles; returns what was changed."""
+    import triton.language as tl
+
+    import fla.ops.gated_delta_rule.chunk_fwd as chunk_fwd
+
+    changed = {}
+    for name in ("SOLVE_TRIL_DOT_PRECISION",):
+        old = getattr(chunk_fwd, name, None)
+        value = getattr(old, "value", old)
+        if old is not None and value != "ieee":
+            setattr(chunk_fwd, name, tl.constexpr("ieee"))
+            changed[f"fla.ops.gated_delta_rule.chunk_fwd.{name}"] = f"{value} -> ieee"
+    return changed
+
+
 def install_cpu_reference_ops() -> None:
     """Run fla's model classes on the CPU: its Triton-only pieces replaced by PyTorch, fla's own
     reference functions where it has one, else the kernel's formula as read in fla 0.6.0's
@@ -414,6 +435,8 @@ def torch_setup(mode: str, device: str, status: dict, autotune: str):
     transformers.utils.logging.disable_progress_bar()
     if device == "cpu":
         install_cpu_reference_ops()
+    elif mode == "ieee":
+        status["forced_ieee"] = force_ieee_in_fla_kernels()
     versions = {"python": sys.version.split()[0], "torch": torch.__version__,
                 "transformers": transformers.__version__, "fla": getattr(fla, "__version__", "?")}
     for module in ("triton", "huggingface_hub", "tokenizers", "safetensors", "einops"):
@@ -718,7 +741,7 @@ def environments(args) -> tuple[dict, dict, dict | None]:
         subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
                         "--upgrade", "--target", site, *wheels], check=True)
         torch_base["PYTHONPATH"] = os.pathsep.join((site, torch_base["PYTHONPATH"]))
-    env_ieee = {**torch_base, "TRITON_F32_DEFAULT": "ieee"}
+    env_ieee = {**torch_base, "TRITON_F32_DEFAULT": "ieee", "FLA_TRIL_PRECISION": "ieee"}
     env_tf32 = {k: v for k, v in torch_base.items() if k != "TRITON_F32_DEFAULT"}
     return env_jax, env_ieee, (env_tf32 if args.tf32_check else None)
 
