@@ -94,6 +94,7 @@ BF16_FACTOR = 2.0          # bf16 passes within this factor of the frameworks' o
 TAIL = 8                   # "fp32 tail": the last 1/TAIL of the positions
 FINISH_RESERVE = 15.0      # seconds kept after the last process for the table
 LOG_TAIL_LINES = 25
+DIAGNOSTIC_ROLES = ("torch_tf32", "torch_softplus")
 F64_THREADS = {name: "4" for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",
                                       "MKL_NUM_THREADS")}   # numpy's BLAS beside the rest
 
@@ -727,8 +728,10 @@ class Runner:
                    "--tf32-check" if self.args.tf32_check else "--no-tf32-check"]
         start = time.time()
         with open(log, "w") as handle:
+            niceness = 10 if role in DIAGNOSTIC_ROLES else 0     # the CPU goes to the rest first
             process = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, env=env,
-                                       cwd=ROOT, start_new_session=True)
+                                       cwd=ROOT, start_new_session=True,
+                                       preexec_fn=lambda: os.nice(niceness))
             try:
                 rc = process.wait(timeout=left)
                 record["status"] = "ok" if rc == 0 else f"exit status {rc}"
