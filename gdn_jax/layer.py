@@ -16,7 +16,10 @@ The op's value ranges hold by construction, for any parameters: g <= 0 (exp(.) s
 >= 0), beta = sigmoid(.) in [0, 1], |k_t| < 1 (L2norm), so its range checks (gdn_jax.ops.api;
 under jit in checked mode, kernels_pallas.ranges) never fire for this layer.
 The causal convolution is depthwise with `conv_size` taps; taps reaching before the start of
-the current document (segment_ids) or before t = 0 read zeros.
+the current document (segment_ids) or before t = 0 read zeros. The convolutions, the L2 and
+gated RMS norms compute in float32 and are recomputed in the backward pass (`recomputed`):
+only their 16-bit inputs are kept for it (float32 intermediates kept for the backward were
+about 1 GiB per layer at B = 8, T = 2048, width 768).
 
 Initialisation: projections lecun-normal; conv taps U(-1/sqrt(conv_size), 1/sqrt(conv_size))
 (PyTorch Conv1d default); A_log = log(A), A ~ U(0, 16) clamped below at 1e-4 so log never sees 0;
@@ -31,6 +34,7 @@ Decoding cache (`init_cache`): conv states {q,k,v}_conv [B, conv_size - 1, chann
 inputs to each convolution) and the recurrent state [B, HV, K, V] float32.
 """
 
+import functools
 from typing import Any
 
 import flax.linen as nn
@@ -48,10 +52,53 @@ DT_INIT_RANGE = (1e-3, 0.1)
 DT_INIT_FLOOR = 1e-4
 
 
+def recomputed(fn=None, *, static_argnums=()):
+    """fn under jax.checkpoint with nothing saved: its backward recomputes the float32
+    intermediates from the inputs (16-bit activations), so the layer's elementwise parts keep
+    only their inputs for the backward pass."""
+    if fn is None:
+        return functools.partial(recomputed, static_argnums=static_argnums)
+    return jax.checkpoint(fn, policy=jax.checkpoint_policies.nothing_saveable,
+                          static_argnums=static_argnums)
+
+
+@recomputed
 def l2_normalize(x: jax.Array) -> jax.Array:
     """x / sqrt(sum(x^2, -1) + 1e-6), computed in float32, returned in x's dtype."""
     x32 = x.astype(jnp.float32)
     return (x32 * jax.lax.rsqrt(jnp.sum(x32 * x32, axis=-1, keepdims=True) + L2_NORM_EPS)).astype(x.dtype)
+
+
+@recomputed(static_argnums=(3, 4))
+def causal_depthwise_conv(x: jax.Array, kernel: jax.Array, segment_ids: jax.Array | None,
+                          dtype: Any, normalize_heads: int | None = None) -> jax.Array:
+    """silu(sum_j kernel[j] x_{t - (W-1) + j}) in float32, returned in `dtype`; x [B, T, C],
+    kernel [W, C]; taps before t = 0 or into a previous document (segment_ids) read zero.
+    normalize_heads: the output split into that many heads [B, T, heads, C / heads] and
+    L2-normalised per head, inside the same recomputed function (only x is kept)."""
+    kernel_size, length = kernel.shape[0], x.shape[1]
+    kernel = kernel.astype(jnp.float32)
+    x32 = x.astype(jnp.float32)
+    total = x32 * kernel[kernel_size - 1]
+    for shift in range(1, min(kernel_size, length)):
+        shifted = jnp.pad(x32, ((0, 0), (shift, 0), (0, 0)))[:, :length]
+        if segment_ids is not None:
+            earlier_ids = jnp.pad(segment_ids, ((0, 0), (shift, 0)))[:, :length]
+            shifted = jnp.where((earlier_ids == segment_ids)[..., None], shifted, 0.0)
+        total = total + shifted * kernel[kernel_size - 1 - shift]
+    out = nn.silu(total).astype(dtype)
+    if normalize_heads is None:
+        return out
+    return l2_normalize(out.reshape(*out.shape[:-1], normalize_heads, -1))
+
+
+@recomputed(static_argnums=(3, 4))
+def gated_rms_norm(x: jax.Array, z: jax.Array, scale: jax.Array, eps: float,
+                   dtype: Any) -> jax.Array:
+    """x / sqrt(mean(x^2, -1) + eps) * scale * silu(z) in float32, returned in `dtype`."""
+    x32 = x.astype(jnp.float32)
+    normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return (normed * scale.astype(jnp.float32) * nn.silu(z.astype(jnp.float32))).astype(dtype)
 
 
 def _a_log_init(key, shape, dtype=jnp.float32):
@@ -83,18 +130,10 @@ class CausalDepthwiseConv(nn.Module):
             "kernel", nn.with_logical_partitioning(init, ("conv", "heads_x_dim")),
             (self.kernel_size, self.channels), self.param_dtype)
 
-    def __call__(self, x: jax.Array, segment_ids: jax.Array | None = None) -> jax.Array:
-        length = x.shape[1]
-        kernel = self.kernel.astype(jnp.float32)
-        x32 = x.astype(jnp.float32)
-        total = x32 * kernel[self.kernel_size - 1]
-        for shift in range(1, min(self.kernel_size, length)):
-            shifted = jnp.pad(x32, ((0, 0), (shift, 0), (0, 0)))[:, :length]
-            if segment_ids is not None:
-                earlier_ids = jnp.pad(segment_ids, ((0, 0), (shift, 0)))[:, :length]
-                shifted = jnp.where((earlier_ids == segment_ids)[..., None], shifted, 0.0)
-            total = total + shifted * kernel[self.kernel_size - 1 - shift]
-        return nn.silu(total).astype(self.dtype)
+    def __call__(self, x: jax.Array, segment_ids: jax.Array | None = None,
+                 normalize_heads: int | None = None) -> jax.Array:
+        """[B, T, C]; with normalize_heads, L2-normalised heads [B, T, heads, C / heads]."""
+        return causal_depthwise_conv(x, self.kernel, segment_ids, self.dtype, normalize_heads)
 
     def step(self, x_t: jax.Array, conv_state: jax.Array) -> tuple[jax.Array, jax.Array]:
         """x_t [B, C], conv_state [B, W-1, C] (previous inputs, oldest first) -> (y_t, state)."""
@@ -115,9 +154,7 @@ class GatedRMSNorm(nn.Module):
     def __call__(self, x: jax.Array, z: jax.Array) -> jax.Array:
         scale = self.param("scale", nn.with_logical_partitioning(nn.initializers.ones, ("v_head_dim",)),
                            (self.features,), self.param_dtype)
-        x32 = x.astype(jnp.float32)
-        normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
-        return (normed * scale.astype(jnp.float32) * nn.silu(z.astype(jnp.float32))).astype(self.dtype)
+        return gated_rms_norm(x, z, scale, self.eps, self.dtype)
 
 
 class OutputProjection(nn.Module):
@@ -246,9 +283,8 @@ class GatedDeltaNet(nn.Module):
         """
         self._check_inputs(x, segment_ids, positions)
         x = x.astype(self.dtype)
-        heads, head_dim = self.num_heads, self.head_dim
-        q = l2_normalize(self._split_heads(self.q_conv(self.q_proj(x), segment_ids), heads, head_dim))
-        k = l2_normalize(self._split_heads(self.k_conv(self.k_proj(x), segment_ids), heads, head_dim))
+        q = self.q_conv(self.q_proj(x), segment_ids, normalize_heads=self.num_heads)
+        k = self.k_conv(self.k_proj(x), segment_ids, normalize_heads=self.num_heads)
         v = self._split_heads(self.v_conv(self.v_proj(x), segment_ids), self.value_heads, self.value_head_dim)
         z = self._split_heads(self.z_proj(x), self.value_heads, self.value_head_dim)
         g, beta = self._gates(x)
@@ -271,8 +307,7 @@ class GatedDeltaNet(nn.Module):
         """
         self._check_inputs(x, segment_ids)
         x = x.astype(self.dtype)
-        keys = l2_normalize(self._split_heads(self.k_conv(self.k_proj(x), segment_ids),
-                                              self.num_heads, self.head_dim))
+        keys = self.k_conv(self.k_proj(x), segment_ids, normalize_heads=self.num_heads)
         log_alpha, beta = self._gates(x)
         key_head_of_value_head = jnp.arange(self.value_heads) // (self.value_heads // self.num_heads)
         return log_alpha, beta, keys.astype(jnp.float32)[:, :, key_head_of_value_head]
