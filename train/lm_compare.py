@@ -5,8 +5,9 @@ tokens and budget, then evaluate it at and beyond the training length.
                                [--models fpa,fox,...] [--samples N] [key=value ...]
     python -m train.lm_compare --merge A/lm_compare.json B/lm_compare.json ... --out DIR
 
-    models      presets configs/lmc_<size>_<model>.yaml: fpa, fox, softmax_rope, gdn, hybrid
-                (GDN + FPA); one base per size (configs/base/lmc_<size>.yaml) fixes the data,
+    models      presets configs/lmc_<size>_<model>.yaml: fpa, fox, softmax_rope, selective_rope,
+                gdn, hybrid (GDN + FPA); one base per size (configs/base/lmc_<size>.yaml) fixes
+                the data,
                 context L, batch, steps and optimizer, so every model sees the same tokens;
                 key=value overrides apply to every model
     per model   train into RUNS_DIR/<model> (train/fit.py; a finished run is resumed, not
@@ -36,7 +37,7 @@ import sys
 import time
 from pathlib import Path
 
-MODELS = ("fpa", "fox", "softmax_rope", "gdn", "hybrid")
+MODELS = ("fpa", "fox", "softmax_rope", "selective_rope", "gdn", "hybrid")
 SIZES = ("cpu", "h200")
 LENGTH_FACTORS = (1, 2, 4, 8)
 POSITION_FACTOR = 4

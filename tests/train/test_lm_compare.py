@@ -54,7 +54,28 @@ def test_every_model_has_a_preset_with_the_same_data_and_budget(size):
     hybrid = configs["hybrid"]
     assert hybrid.layer_kinds().count("gdn") >= 1
     assert hybrid.attention.kind == "fpa" and "attention" in hybrid.layer_kinds()
-    assert {c.attention.kind for m, c in configs.items() if m != "gdn"} == {"fpa", "fox", "softmax"}
+    assert {c.attention.kind for m, c in configs.items() if m != "gdn"} == {
+        "fpa", "fox", "softmax", "selective"}
+
+
+def test_h200_models_have_the_papers_shape_and_matched_parameters():
+    """12 layers of width 768, heads of 64, context 2048; GDN and the hybrid narrow their MLP
+    so that every model has FPA's parameter count within 0.5%."""
+    import flax.linen as nn
+    import jax
+    import jax.numpy as jnp
+
+    from train.model import LanguageModel
+    counts = {}
+    for model in MODELS:
+        config = load_config(f"lmc_h200_{model}", [])
+        assert (config.model.num_layers, config.model.d_model, config.data.seq_len) == (12, 768, 2048)
+        tokens = jnp.zeros((1, 8), jnp.int32)
+        shapes = jax.eval_shape(LanguageModel(config, config.model.vocab_size).init,
+                                jax.random.PRNGKey(0), tokens, jnp.ones_like(tokens))
+        counts[model] = sum(x.size for x in jax.tree.leaves(nn.meta.unbox(shapes)))
+    for model, count in counts.items():
+        assert abs(count / counts["fpa"] - 1) < 5e-3, (model, count, counts["fpa"])
 
 
 def test_bad_arguments_exit_2(capsys):
