@@ -1,14 +1,24 @@
-# One H200 call (about seven minutes): `python -m train bench` of the 125M presets at context
-# 2048 (batch 8) and of the GDN, hybrid and softmax presets at context 8192 (batch 2: the same
-# tokens per step). Needs the wheels of grain, array_record, portpicker and tensorboardX in
-# .whl/; writes bench_<preset>_<context>.json and trainer_contexts.txt to $OUT.
-# Knobs: PRESETS_2K, PRESETS_8K, STEPS.
+# One H200 call (about eight minutes): `python -m train bench` of the 125M presets at context
+# 2048 (batch 8) and at context 8192 (batch 2: the same tokens per step). Needs the wheels of
+# grain, array_record, portpicker and tensorboardX in .whl/; writes bench_<preset>_<context>.json
+# and trainer_contexts.txt to $OUT. Knobs: PRESETS_2K, PRESETS_8K, STEPS, LIMIT (seconds per
+# run), INTRA ("pallas": the GDN presets with the WY backward kernel,
+# kernels_pallas/gated_delta/chunked.py INTRA_BACKWARD).
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-run() {  # preset context batch
-  timeout 110 python3 -m train bench $1 --context $2 --batch-size $3 --steps ${STEPS:-8} \
-      --out $OUT/bench_$1_$2.json 2>&1 | grep -E "config|context|ms / step|tokens/s|MFU|compile|peak|estimate|error" \
-      || echo "$1 at $2: no result (rc ${PIPESTATUS[0]})"
+bench() {  # preset context batch
+  timeout ${LIMIT:-200} python3 -c "import sys
+from kernels_pallas.gated_delta import chunked
+chunked.INTRA_BACKWARD = '${INTRA:-xla}'
+from train.cli import main
+sys.exit(main(sys.argv[1:]))" bench $1 --context $2 --batch-size $3 --steps ${STEPS:-8} \
+      --out $OUT/bench_$1_$2.json
+}
+run() {
+  start=$(date +%s)
+  bench "$@" 2>&1 | grep -E "config|context|ms / step|tokens/s|MFU|compile|peak|estimate|error" \
+      || echo "$1 at $2: no result"
+  echo "  ($1 at $2: $(( $(date +%s) - start )) s in all)"
 }
 {
 for preset in ${PRESETS_2K-fpa_125m fox_125m softmax_rope_125m gdn_125m hybrid_125m}; do
