@@ -2,15 +2,90 @@
 
 Tests draw inputs from `run_seed()` mixed with their own case number, so every run checks new
 inputs. A failing run is reproduced with `TEST_SEED=<seed shown in the header> ./dev.sh test`.
+
+One JAX persistent compilation cache per test session, also shared by all xdist workers and the
+subprocesses tests start (they inherit the environment): a program that several tests compile
+(the tiny trainer's step, say) is compiled by XLA once per session and loaded from the cache
+after that. The cache is keyed by the program, the compile options, the devices and the
+JAX/XLA versions, so what runs is the same executable; tracing and lowering still happen in
+every test. The directory is fresh for each session (results never depend on an earlier run)
+and is deleted at its end.
+
+Under pytest-xdist (`-n 2`), tests marked `slow` are handed out first (one long test started
+last would otherwise run on alone), and the tests of each module in SHARED_FIXTURE_MODULES go
+to one worker, so their expensive module-scoped fixture is built once, not once per worker.
 """
 
 import os
+import shutil
+import sys
+import tempfile
 
 import numpy as np
+
+_CACHE_OWNER = "_TESTS_JAX_CACHE_OWNER_PID"
+
+# modules whose module-scoped fixture trains a run or starts an 8-device subprocess
+SHARED_FIXTURE_MODULES = frozenset({
+    "tests/kernels_pallas/test_shard_map.py",
+    "tests/train/test_export_refuses_overwrite.py",
+    "tests/train/test_long_eval.py",
+    "tests/train/test_long_eval_settings.py",
+    "tests/train/test_new_user_notes.py",
+    "tests/train/test_progress_lines.py",
+    "tests/train/test_stage_chain_consistency.py",
+    "tests/train/test_unreadable_runs.py",
+})
+
+
+class _XdistScheduling:
+    """Registered only where pytest-xdist is (its hook is unknown to pytest otherwise)."""
+
+    @staticmethod
+    def pytest_xdist_make_scheduler(config, log):
+        if config.getvalue("dist") != "load":   # an explicit --dist keeps xdist's own
+            return None
+        from xdist.scheduler import LoadScopeScheduling
+
+        class ModuleGroups(LoadScopeScheduling):
+            """Load scheduling one test at a time, except that each module of
+            SHARED_FIXTURE_MODULES is one unit (xdist's `xdist_group` marks would do this
+            with --dist=loadgroup, but they do not reach its scheduler under pytest 9)."""
+
+            def _split_scope(self, nodeid):
+                module = nodeid.split("::", 1)[0]
+                return module if module in SHARED_FIXTURE_MODULES else nodeid
+
+        return ModuleGroups(config, log)
 
 
 def pytest_configure(config):
     os.environ.setdefault("TEST_SEED", str(np.random.SeedSequence().entropy % 2**31))
+    if config.pluginmanager.hasplugin("xdist"):
+        config.pluginmanager.register(_XdistScheduling(), "tests-xdist-scheduling")
+    if "PYTEST_XDIST_WORKER" in os.environ:
+        return   # a worker: the controller made the cache and set the environment
+    cache = tempfile.mkdtemp(prefix="jax_test_cache_")
+    os.environ.update({_CACHE_OWNER: str(os.getpid()), "JAX_COMPILATION_CACHE_DIR": cache,
+                       "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+                       "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "-1"})
+    if "jax" in sys.modules:   # imported before this hook (a plugin): set it there too
+        import jax
+        jax.config.update("jax_compilation_cache_dir", cache)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+
+
+def pytest_unconfigure(config):
+    if os.environ.get(_CACHE_OWNER) == str(os.getpid()):
+        shutil.rmtree(os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
+
+
+def pytest_collection_modifyitems(config, items):
+    """On xdist workers, `slow` tests first (the controller hands tests out in the workers'
+    collection order); a plain run keeps the file order, so module fixtures are built once."""
+    if "PYTEST_XDIST_WORKER" in os.environ:
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 def pytest_report_header(config):

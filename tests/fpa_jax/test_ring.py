@@ -111,6 +111,7 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_ring_attention_matches_unsplit_values_and_gradients():
     result = run_on_cpu_devices(SCRIPT.replace("SEED", str(case_seed(121))))
     assert set(result) == {"fpa", "fpa_query_level_no_content", "fox"}
@@ -178,6 +179,7 @@ RING_ALONE_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_ring_alone_has_exact_gradients_at_cpu_optimisation_level_0():
     result = run_on_cpu_devices(RING_ALONE_SCRIPT, str(case_seed(122)), devices=4)
     assert set(result) == {"fox level 0", "fox level None", "fpa level 0"}

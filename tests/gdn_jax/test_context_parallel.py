@@ -81,6 +81,7 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_context_parallel_matches_unsplit_values_state_and_gradients():
     result = run_on_cpu_devices(SCRIPT.replace("SEED", str(case_seed(120))))
     for case, errors in result.items():

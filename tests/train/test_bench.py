@@ -58,6 +58,7 @@ def test_matmul_ceiling_is_a_positive_rate():
     assert 0 < matmul_ceiling_tflops(64, repeats=2) < 1e4
 
 
+@pytest.mark.slow
 def test_bench_prints_mfu_and_writes_a_profile(tmp_path, capsys):
     out, profile = tmp_path / "bench.json", tmp_path / "trace"
     assert main(["bench", "tiny_softmax", *TINY, "--steps", "2", "--warmup", "1",

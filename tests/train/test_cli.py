@@ -281,6 +281,7 @@ def nan_at_step_3(monkeypatch):
     monkeypatch.setattr(train.session, "make_train_step", make_train_step)
 
 
+@pytest.mark.slow
 def test_divergence_stops_before_checkpointing_or_skips(tmp_path, corpus, capsys, nan_at_step_3):
     stop_dir = tmp_path / "stop"
     argv = ["fit", "tiny_softmax", *overrides(corpus, "train.steps=6", "train.checkpoint_every=2")]
@@ -389,10 +390,10 @@ def test_eval_is_read_only_and_takes_step(tmp_path, corpus, capsys):
 
 # ------------------------------------------------------------------ exit codes (real signals)
 
+@pytest.mark.slow
 def test_sigterm_exits_75_after_checkpoint_and_rerunning_resumes(tmp_path, corpus):
-    env = dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu",
-               JAX_COMPILATION_CACHE_DIR=str(tmp_path / "cache"),
-               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+    # the session's compilation cache (tests/conftest.py): the second run compiles nothing
+    env = dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu")
     command = [sys.executable, "-m", "train", "fit", "tiny_softmax",
                *overrides(corpus, "train.steps=100000", "train.checkpoint_every=0")]
 

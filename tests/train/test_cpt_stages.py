@@ -110,6 +110,7 @@ def shifted(weight, s):
     return mu + s * (weight - mu)
 
 
+@pytest.mark.slow
 def test_staged_extension_shifts_once_per_stage(tmp_path, environment):
     from tests.seeds import case_seed
     from train.cli import main

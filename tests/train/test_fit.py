@@ -107,6 +107,7 @@ def committed_steps(run_dir):
     return sorted(int(p.name) for p in (Path(run_dir) / "checkpoints").iterdir() if p.name.isdigit())
 
 
+@pytest.mark.slow
 def test_interrupted_runs_resume_exactly(tmp_path, corpus, environment):
     """One test (so pytest-xdist runs these subprocesses once): an uninterrupted 8-step run, and
     the same run stopped by SIGTERM after step 4, resumed, killed by SIGKILL inside the async
@@ -171,6 +172,7 @@ def test_interrupted_runs_resume_exactly(tmp_path, corpus, environment):
         assert (tmp_path / "plots" / name).read_bytes()[:4] == b"\x89PNG"
 
 
+@pytest.mark.slow
 def test_spectral_shift_cpt_applies_once(tmp_path, corpus, environment):
     """cpt from a 1-layer GDN reference, extending L_ref=16 to L_tar=64 (k=0.5 -> s=0.5): the
     alpha kernels start at mu + s (W - mu); a resumed cpt run does not shift them again."""

@@ -239,6 +239,7 @@ def test_sampling_cuts():
             SamplingConfig(**bad)
 
 
+@pytest.mark.slow
 def test_cli_generate_on_a_tiny_trained_run(tmp_path, capsys):
     corpus = tmp_path / "corpus"
     corpus.mkdir()

@@ -97,6 +97,7 @@ def test_config_rejects_top_k_above_expert_count():
         load_config("hybrid_moe_tiny", ["model.moe_top_k=5"])
 
 
+@pytest.mark.slow
 def test_tiny_hybrid_moe_preset_trains_three_steps():
     """The tiny preset (GDN + attention, MoE in every layer; cut to one layer of each here)
     through the trainer's session: three steps on one batch lower the loss; the layers sow one
@@ -160,6 +161,7 @@ EXPERT_SHARDING_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_experts_sharded_over_the_data_axis_train_like_one_device():
     """Capacity mode on data 4 x tensor 2: expert weights [E, D, F] are split over `data`
     (expert parallel) and `tensor`, and two steps give the one-device losses."""

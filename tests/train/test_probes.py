@@ -424,6 +424,7 @@ TINY = dict(steps=4, eval_every=2, batch_size=4, model_dim=8, mlp=False, train_s
 TINY_SIZES = dict(rungs=3, num_values=4)
 
 
+@pytest.mark.slow
 def test_cli_writes_outputs_and_vmap_equals_seeds_one_by_one(tmp_path, capsys):
     from train.cli import main
 

@@ -93,6 +93,7 @@ MULTI_DEVICE_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_eight_devices_train_like_one_and_restore_across_device_counts():
     """One test (one subprocess, so pytest-xdist runs it once): data 8 and fsdp 4 x tensor 2
     give the one-device losses for 3 steps; params and Adam moments follow the rules table; a
@@ -153,6 +154,7 @@ def test_make_mesh_checks_the_device_count():
         validate_for_devices(load_config(None, ["mesh.tensor=2"]), 1)
 
 
+@pytest.mark.slow
 def test_multi_gpu_script_on_eight_cpu_devices(tmp_path):
     """benchmarks/multi_gpu.py at a tiny size: the three layouts (data parallel, fsdp x tensor,
     context parallel over all 8 devices: softmax's ring path, 2 tokens per device) train like
