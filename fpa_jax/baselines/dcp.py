@@ -21,7 +21,7 @@ low-dimensional interaction queries and keys plus a per-layer offset).
 Dense-only by design (M is a [B, T, T] float32 tensor: small T): `REGISTRY` (op name
 "dcp_attention") has the single entry "reference", which is also its default order, so
 implementation=None and "reference" are the only accepted values; the entry is
-`fn(q, k, v, mask_logits, segment_ids, *, scale) -> out` (notes/API.md, "Dispatch").
+`fn(q, k, v, mask_logits, segment_ids, *, scale) -> out` (docs/api.md, "Dispatch").
 """
 
 import jax

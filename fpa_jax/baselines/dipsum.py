@@ -17,7 +17,7 @@ Gradients by plain autodiff.
 Dense-only by design (the [B, H, T, T] bias is materialised): `REGISTRY` (op name
 "dipsum_attention") has the single entry "reference", which is also its default order, so
 implementation=None and "reference" are the only accepted values; the entry is
-`fn(q, k, v, phi, psi, beta, segment_ids, *, scale) -> out` (notes/API.md, "Dispatch").
+`fn(q, k, v, phi, psi, beta, segment_ids, *, scale) -> out` (docs/api.md, "Dispatch").
 """
 
 import jax.numpy as jnp

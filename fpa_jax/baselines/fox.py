@@ -22,7 +22,7 @@ Implementations (`REGISTRY`, op name "fox_attention"; default order ("pallas", "
 "reference" = dense [B, H, T, T] bias (never chosen by default), "xla" = blocked flash path,
 "pallas" = registered by the Pallas kernel module when it is imported. An entry is
 `fn(q, k, v, log_forget, segment_ids, *, scale, block_size) -> out` (q's dtype) on validated
-arrays; `supports` reads `fpa_jax.dispatch.attention_facts` plus block_size (notes/API.md).
+arrays; `supports` reads `fpa_jax.dispatch.attention_facts` plus block_size (docs/api.md).
 """
 
 import jax.numpy as jnp

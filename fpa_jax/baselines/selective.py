@@ -20,7 +20,7 @@ Gradients reach selection_logits through the relu by plain autodiff.
 Dense-only by design (F is a [B, T, T] float32 tensor: small T, probes and tests): `REGISTRY`
 (op name "selective_attention") has the single entry "reference", which is also its default
 order, so implementation=None and "reference" are the only accepted values; the entry is
-`fn(q, k, v, selection_logits, segment_ids, *, scale) -> out` (notes/API.md, "Dispatch").
+`fn(q, k, v, selection_logits, segment_ids, *, scale) -> out` (docs/api.md, "Dispatch").
 """
 
 import jax

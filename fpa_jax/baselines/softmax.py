@@ -20,7 +20,7 @@ Implementations (`REGISTRY`, op name "softmax_attention"; default order
   "pallas"     registered by the Pallas kernel module when it is imported
 An entry is `fn(q, k, v, segment_ids, alibi_slopes, *, scale, block_size) -> out` (q's dtype)
 on validated arrays; `supports` reads `fpa_jax.dispatch.attention_facts` plus has_alibi and
-block_size (notes/API.md).
+block_size (docs/api.md).
 """
 
 import jax

@@ -13,7 +13,7 @@ An entry is `fn(q, k, v, phi, psi, beta, segment_ids, *, scale, tau, query_level
 block_size) -> out [B, T, H, Dv]` (q's dtype), called with validated arrays: scale and tau are
 Python floats, block_size is None (the entry's default) or a positive multiple of 8. Its
 `supports(**facts)` reads `fpa_jax.dispatch.attention_facts` plus query_level, content,
-block_size and tau (see notes/API.md, "Dispatch").
+block_size and tau (see docs/api.md, "Dispatch").
 """
 
 from fpa_jax.dispatch import attention_facts

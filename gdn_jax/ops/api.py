@@ -27,7 +27,7 @@ An entry is `fn(q, k, v, g, beta, *, scale, initial_state, segment_ids, chunk_si
 on validated arrays (scale a number, initial_state None or an array, chunk_size a positive
 int). Its `supports(**facts)` reads `platform_facts()` plus dtype, batch, seq_len, num_heads,
 num_v_heads, head_dim (K), value_head_dim (V), has_segment_ids, has_initial_state and
-chunk_size (notes/API.md, "Dispatch").
+chunk_size (docs/api.md, "Dispatch").
 """
 
 import math

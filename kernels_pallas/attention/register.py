@@ -7,7 +7,7 @@ checked against the "xla" paths on an H200 (benchmarks/bench_attention_kernels.p
 benchmarks/results/attention_kernels_h200.txt).
 
 Imported as the last line of fpa_jax/__init__.py (importing it from kernels_pallas/__init__.py
-would be circular, see notes/API.md "Dispatch").
+would be circular, see docs/api.md "Dispatch").
 """
 
 from fpa_jax.baselines import fox, softmax

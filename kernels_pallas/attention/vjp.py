@@ -6,7 +6,7 @@
     softmax_pallas(q, k, v, segment_ids, alibi_slopes, *, scale, block_size=None) -> out
     pallas_supports(**facts) -> None | reason
 
-Signatures follow notes/API.md "Dispatch". q, k, v [B, T, H, D] bf16 / fp16 (float32 only in
+Signatures follow docs/api.md "Dispatch". q, k, v [B, T, H, D] bf16 / fp16 (float32 only in
 the GPU interpreter), D in {64, 128}; out in q's dtype. The forward (forward.py) saves out and
 lse [B, H, T]; the backward (backward.py) recomputes the tiles. Bias gradients flow through
 plain JAX around the custom VJP: FoX's row = col = cumsum(log_forget) (d log_forget is the
@@ -192,7 +192,7 @@ def softmax_pallas(q, k, v, segment_ids, alibi_slopes, *, scale, block_size=None
 
 
 def pallas_supports(**facts):
-    """None if the kernels run on these inputs, else why not (notes/API.md "Dispatch")."""
+    """None if the kernels run on these inputs, else why not (docs/api.md "Dispatch")."""
     interpreted = interpret_active()
     if not (is_hopper(facts) or interpreted):
         return (f"needs a Hopper GPU (compute capability 9.0), got platform "

@@ -1,4 +1,4 @@
-"""Dispatch of the attention ops through their registries (notes/API.md, "Dispatch").
+"""Dispatch of the attention ops through their registries (docs/api.md, "Dispatch").
 
 Unknown names fail naming `implementation`; an explicit entry that cannot run says why; the
 default walks the registry's order and falls through to the first entry that supports the
