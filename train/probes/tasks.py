@@ -285,36 +285,60 @@ def two_walks(seed: int, num_sequences: int, rungs: int = 4, num_values: int | N
 # ----------------------------------------------------------------------------------------------
 
 
-def push_pop(seed: int, num_sequences: int, length: int = 32, num_values: int = 8,
-             max_depth: int = 8) -> ProbeData:
-    """Push-pop: report the top of a stack after every pop.
+def push_pop_layout(num_values: int) -> dict[str, int]:
+    """Id offsets of `push_pop`: PAD 0, OFF 1, ON 2, POP 3, PUSH(v) = 4 + v, ASK(v) = 4 + V + v;
+    vocab_size = 4 + 2V."""
+    return {"off": 1, "on": 2, "pop": 3, "push": 4, "ask": 4 + num_values,
+            "vocab_size": 4 + 2 * num_values}
 
-    Ids: PAD 0, EMPTY 1, POP 2, PUSH(v) = 3 + v for v < num_values. Each of the `length`
-    tokens is PUSH(v) (v uniform) with probability 1/2, else POP; the stack starts empty, an
-    empty stack always pushes and a full one (max_depth) always pops. Scored at POP positions:
-    target = PUSH(top value) of the stack after the pop, or EMPTY if it is empty.
+
+def push_pop(seed: int, num_sequences: int, length: int = 24, num_values: int = 8,
+             max_depth: int = 8, num_queries: int = 8) -> ProbeData:
+    """Push-pop: is a value on a stack that pushes and pops?
+
+    `length` stack operations: PUSH(v) (v uniform) with probability 1/2, else POP; an empty
+    stack always pushes and a full one (max_depth) always pops. num_queries ASK(v) tokens sit
+    at uniformly random places after the first operation and leave the stack alone. ASK(v) is
+    scored: target ON if v is on the stack (a PUSH(v) not popped since), else OFF. With
+    probability 1/2 v is drawn from the values on the stack, else from those pushed and since
+    popped off it (when either set is empty, from the other; with both empty, from the values
+    never pushed). Layout: push_pop_layout(num_values).
+
+    A key pushed at depth i is on the stack until the depth falls below i: with the walk
+    W = depth (delta +1 at PUSH, -1 at POP), field phi = W and level psi_s = W_s, FPA's live
+    keys are exactly the stack (docs/experiments.md).
     """
     _check_sizes("push_pop", num_sequences=num_sequences, length=length,
-                 num_values=num_values, max_depth=max_depth)
+                 num_values=num_values, max_depth=max_depth, num_queries=num_queries)
+    layout = push_pop_layout(num_values)
     rng = np.random.default_rng(seed)
     rows = []
     for _ in range(num_sequences):
-        stack, tokens, targets, mask = [], [], [], []
-        for _ in range(length):
+        events = np.array([False] * (length - 1) + [True] * num_queries)
+        rng.shuffle(events)
+        stack, popped, tokens, targets, mask = [], set(), [], [], []
+        for is_query in [False, *events]:
+            if is_query:
+                on, off = set(stack), popped - set(stack)
+                pick_on = bool(on) and (not off or rng.random() < 0.5)
+                pool = sorted(on if pick_on else off) or sorted(set(range(num_values)) - on)
+                value = int(rng.choice(pool))
+                tokens.append(layout["ask"] + value)
+                targets.append(layout["on"] if value in on else layout["off"])
+                mask.append(True)
+                continue
             push = (not stack) or (len(stack) < max_depth and rng.random() < 0.5)
             if push:
                 value = int(rng.integers(num_values))
                 stack.append(value)
-                tokens.append(3 + value)
-                targets.append(PAD)
-                mask.append(False)
+                tokens.append(layout["push"] + value)
             else:
-                stack.pop()
-                tokens.append(2)
-                targets.append(3 + stack[-1] if stack else 1)
-                mask.append(True)
+                popped.add(stack.pop())
+                tokens.append(layout["pop"])
+            targets.append(PAD)
+            mask.append(False)
         rows.append((tokens, targets, mask))
-    return _pack(rows, 3 + num_values)
+    return _pack(rows, layout["vocab_size"])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -486,7 +510,7 @@ TASKS: dict[str, Task] = {
     "ladder": Task(ladder, 0.95),
     "variable_dips": Task(variable_dips, 0.95),
     "two_walks": Task(two_walks, 0.95, {"num_heads": 2, "head_dim": 2}),
-    "push_pop": Task(push_pop, 0.9),
+    "push_pop": Task(push_pop, 0.95),
     "flip_flop": Task(flip_flop, 0.99),
     "copy": Task(copy, 0.95),
     "counting": Task(counting, 0.95),
