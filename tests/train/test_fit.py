@@ -116,7 +116,6 @@ def test_interrupted_runs_resume_exactly(tmp_path, corpus, environment):
     overrides = TINY + [f"data.source={corpus}", "train.steps=8", "train.checkpoint_every=3",
                         "train.keep_checkpoints=2"]
     straight_dir, interrupted = tmp_path / "straight", tmp_path / "interrupted"
-    (straight,) = run_driver(environment, [(straight_dir, overrides, False)])
 
     # SIGTERM: the current step (4) is saved, then the process stops cleanly
     (stopped,) = run_driver(environment, [(interrupted, overrides, False)], sigterm_after_steps=4)
@@ -133,7 +132,9 @@ def test_interrupted_runs_resume_exactly(tmp_path, corpus, environment):
     before_final_resume = train_losses(interrupted)
     assert set(before_final_resume) == set(range(1, 7))
 
-    (resumed,) = run_driver(environment, [(interrupted, overrides, False)])
+    # the uninterrupted run shares the resuming process, after the resume (one start-up less)
+    resumed, straight = run_driver(environment, [(interrupted, overrides, False),
+                                                 (straight_dir, overrides, False)])
     assert resumed["start_step"] == 4 and resumed["steps"] == 8
     straight_losses, resumed_losses = train_losses(straight_dir), train_losses(interrupted)
     assert sorted(straight_losses) == sorted(resumed_losses) == list(range(1, 9))
