@@ -11,6 +11,14 @@ JAX/XLA versions, so what runs is the same executable; tracing and lowering stil
 every test. The directory is fresh for each session (results never depend on an earlier run)
 and is deleted at its end.
 
+XLA's CPU backend compiles at its lowest optimisation level (XLA_FLAGS
+--xla_backend_optimization_level=0, also inherited by the subprocesses; tests/devices.py
+keeps it when it adds the device count): it changes LLVM's code generation for the CPU only, not
+what is computed, and cuts the suite's compile-bound CPU time by about a third (the GPU the
+library targets never runs this code). The tests that check the ring attention at XLA's default
+level ask for it (`run_on_cpu_devices(..., default_level=True)`); an XLA_FLAGS that already
+names a level is left alone.
+
 Under pytest-xdist (`-n 2`), tests marked `slow` are handed out first (one long test started
 last would otherwise run on alone), and the tests of each module in SHARED_FIXTURE_MODULES go
 to one worker, so their expensive module-scoped fixture is built once, not once per worker.
@@ -24,6 +32,7 @@ import tempfile
 import numpy as np
 
 _CACHE_OWNER = "_TESTS_JAX_CACHE_OWNER_PID"
+CPU_LEVEL_FLAG = "--xla_backend_optimization_level=0"
 
 # modules whose module-scoped fixture trains a run or starts an 8-device subprocess
 SHARED_FIXTURE_MODULES = frozenset({
@@ -65,6 +74,9 @@ def pytest_configure(config):
         config.pluginmanager.register(_XdistScheduling(), "tests-xdist-scheduling")
     if "PYTEST_XDIST_WORKER" in os.environ:
         return   # a worker: the controller made the cache and set the environment
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "xla_backend_optimization_level" not in flags:   # read when JAX's backend starts
+        os.environ["XLA_FLAGS"] = f"{flags} {CPU_LEVEL_FLAG}".strip()
     cache = tempfile.mkdtemp(prefix="jax_test_cache_")
     os.environ.update({_CACHE_OWNER: str(os.getpid()), "JAX_COMPILATION_CACHE_DIR": cache,
                        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",

@@ -181,7 +181,9 @@ RING_ALONE_SCRIPT = textwrap.dedent("""
 
 @pytest.mark.slow
 def test_ring_alone_has_exact_gradients_at_cpu_optimisation_level_0():
-    result = run_on_cpu_devices(RING_ALONE_SCRIPT, str(case_seed(122)), devices=4)
+    # level None is XLA's default: the session's level-0 flag (tests/conftest.py) is dropped
+    result = run_on_cpu_devices(RING_ALONE_SCRIPT, str(case_seed(122)), devices=4,
+                                default_level=True)
     assert set(result) == {"fox level 0", "fox level None", "fpa level 0"}
     for case, errors in result.items():
         assert len(errors) == (4 if case.startswith("fox") else 6), case

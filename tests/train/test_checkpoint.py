@@ -18,6 +18,7 @@ import numpy as np
 import optax
 import pytest
 
+from tests.devices import xla_flags
 from train.checkpoint import (
     QUARANTINE_DIRNAME,
     TMP_MARKER,
@@ -85,7 +86,7 @@ class _ListIterator:
 
 def _run_python(code, *, devices=1, timeout=120):
     env = dict(os.environ, PYTHONPATH=str(REPO),
-               XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+               XLA_FLAGS=xla_flags(devices),
                JAX_PLATFORMS="cpu")
     result = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env,
                             capture_output=True, text=True, timeout=timeout)

@@ -25,6 +25,7 @@ import jax
 import numpy as np
 import pytest
 
+from tests.devices import xla_flags
 from tests.seeds import case_seed
 from train.checkpoint import Checkpointer
 from train.config import load_config
@@ -95,7 +96,7 @@ def free_port() -> int:
 
 def distributed_env(process_id: int, port: int) -> dict[str, str]:
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO),
-               XLA_FLAGS="--xla_force_host_platform_device_count=4",
+               XLA_FLAGS=xla_flags(4),
                JAX_COORDINATOR_ADDRESS=f"localhost:{port}", JAX_NUM_PROCESSES="2",
                JAX_PROCESS_ID=str(process_id))
     for name in ("SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE"):

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from tests.devices import run_on_cpu_devices
+from tests.devices import run_on_cpu_devices, xla_flags
 from train.config import ConfigError, load_config, validate_for_devices
 from train.sharding import LOGICAL_AXIS_RULES, make_mesh, maybe_initialize_distributed
 
@@ -160,7 +160,7 @@ def test_multi_gpu_script_on_eight_cpu_devices(tmp_path):
     context parallel over all 8 devices: softmax's ring path, 2 tokens per device) train like
     one device (float32), and their checkpoints restore on one device and continue identically;
     the context layout is timed on one device's batch (1 row), the others on 8 rows."""
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
+    env = dict(os.environ, XLA_FLAGS=xla_flags(8),
                JAX_PLATFORMS="cpu")
     completed = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "multi_gpu.py"), "--config", "tiny_softmax",
