@@ -79,6 +79,9 @@ class KernelConfig:
     margin: float = 0.0
     lhs_in_registers: bool = False  # P, dS as wgmma operands from registers (compiled only;
                                     # backward.kernel_config picks it outside the interpreter)
+    overlap_sums: bool = True  # with lhs_in_registers: a tile's row / column sums (FPA's field
+                               # terms) run while its dk or dq matmul is in flight; False:
+                               # after it (fewer live registers; backward.OVERLAP_SUMS)
 
     @property
     def skips(self):
@@ -241,8 +244,9 @@ def _accumulate(cfg, acc, lhs, lhs_smem, rhs_smem, during=None, state=()):
 
     With cfg.lhs_in_registers the wgmma reads lhs from registers and accumulates into acc in
     place (no second accumulator tile); otherwise lhs is staged in lhs_smem (the GPU
-    interpreter of the tests supports only that form) and `during` runs after the matmul.
-    A ref slot that rhs_smem indexes must be traced (a Python int fails in run_state).
+    interpreter of the tests supports only that form) and `during` runs after the matmul, as
+    it also does without cfg.overlap_sums. A ref slot that rhs_smem indexes must be traced (a
+    Python int fails in run_state).
     """
     if not cfg.lhs_in_registers:
         lhs_smem[...] = lhs.astype(lhs_smem.dtype)
@@ -250,15 +254,19 @@ def _accumulate(cfg, acc, lhs, lhs_smem, rhs_smem, during=None, state=()):
         acc = acc + _matmul(lhs_smem, rhs_smem, acc.shape)
         return acc, (tuple(state) if during is None else during(tuple(state)))
     operand = lhs.astype(rhs_smem.dtype)
+    overlap = cfg.overlap_sums and during is not None
 
     def body(refs):
         acc_ref, state_refs = refs
         plgpu.wgmma(acc_ref, operand, rhs_smem)
-        if during is not None:
+        if overlap:
             for ref, value in zip(state_refs, during(tuple(ref[...] for ref in state_refs))):
                 ref[...] = value
 
-    return pl.run_state(body)((plgpu.ACC.init(acc), tuple(state)))
+    acc, state = pl.run_state(body)((plgpu.ACC.init(acc), tuple(state)))
+    if during is None or overlap:
+        return acc, state
+    return acc, during(tuple(state))
 
 
 def _zeros(shape, layout):
