@@ -3,7 +3,8 @@
 # constraint solver that takes most of the kernels' lowering time) against "lane" (the layouts
 # the kernels already state; no inference). For each: compiled gradients against xla (lane),
 # per-kernel device time of FPA (FoX's and flat fields) and FoX at (4, 4096, 12, 64), and the
-# fpa_125m trainer benchmark (compile seconds, tokens/s). "lane" is applied by editing this
+# fpa_125m trainer benchmark (compile seconds, tokens/s); under warpgroup also FPA with its
+# row / column sums after the dk and dq matmuls (op_trace.py --overlap-sums off). "lane" is applied by editing this
 # machine's copy of kernels_pallas/attention/common.py (COMPILER_PARAMS). Needs the wheels of
 # grain, array_record, portpicker and tensorboardX in .whl/; writes lowering_<name>.txt and
 # bench_fpa_125m_<name>.json to $OUT.
@@ -20,6 +21,11 @@ for lowering in ${ORDER:-warpgroup lane}; do
   echo "== lowering: $lowering"
   MOSAIC_GPU_DUMP_PTXAS=1 timeout 120 python3 benchmarks/op_trace.py fpa --shape 4,4096,12,64 --fields fox,flat --top 5 --out /tmp 2>&1 \
       | grep -E "wall median|  [0-9.]+ ms|Used [0-9]+ reg|spill stores,|C7511|rror" | grep -v "^ptxas info    : Compiling"
+  if [ $lowering = warpgroup ]; then   # the sums after the dk / dq matmul (OVERLAP_SUMS off)
+    echo "-- overlap sums: off"
+    MOSAIC_GPU_DUMP_PTXAS=1 timeout 90 python3 benchmarks/op_trace.py fpa --shape 4,4096,12,64 --fields fox --top 5 --out /tmp \
+        --overlap-sums off 2>&1 | grep -E "wall median|  [0-9.]+ ms|Used [0-9]+ reg|spill stores,|C7511|rror" | grep -v "^ptxas info    : Compiling"
+  fi
   timeout 60 python3 benchmarks/op_trace.py fox --shape 4,4096,12,64 --top 4 --out /tmp 2>&1 | grep -E "wall median|  [0-9.]+ ms|rror"
   timeout 170 python3 -m train bench fpa_125m --context 2048 --batch-size 8 --steps 10 \
       --out $OUT/bench_fpa_125m_$lowering.json 2>&1 | grep -E "ms / step|tokens/s|compile|error"
