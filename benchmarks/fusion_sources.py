@@ -6,9 +6,12 @@ TRACE_DIR holds a jax.profiler trace (train/profile_trace.py reads it), HLO_DUMP
 `--xla_dump_to` output of the same program with `--xla_dump_hlo_as_text`. The trace must be
 taken with command buffers off (`--xla_gpu_enable_command_buffer=`): inside a CUDA graph every
 kernel is reported under the graph, not under its own HLO instruction. For each of the `top`
-costliest kernels it prints ms per step, calls per step, and the instruction's `op_name` (the
-JAX name stack: which layer, which primitive, forward or transpose) and source line from the
-optimized HLO; Pallas kernels and library GEMMs keep their own names.
+costliest kernels it prints ms per step and the instruction's `op_name` from the optimized HLO
+(the JAX name stack: which layer, which primitive, forward or transpose), plus file:line where
+the metadata carries `source_file` (jax 0.11 writes a `stack_frame_id` instead, not resolved
+here); Pallas kernels and library GEMMs keep their own names. Where XLA runs identical
+fusions as one deduplicated kernel, all their time is reported under that kernel's name and
+the op_name of the instruction that bears it.
 """
 
 from __future__ import annotations

@@ -97,8 +97,10 @@ def trace_one(op, shape, fields, repeats, top, out_dir):
                 jax.block_until_ready(grads(*inputs))
         totals = event_totals(trace_dir)
     per_call = {name: us / repeats / 1e3 for name, us in totals.most_common()}
-    label = f"{op}_{fields if op == 'fpa' else ''}_{'x'.join(map(str, shape))}"
-    result = {"op": op, "fields": fields, "shape": shape,
+    knobs = _knobs(op)
+    label = "_".join([op, fields if op == "fpa" else "", "x".join(map(str, shape)),
+                      *(f"{key}-{value}" for key, value in knobs.items())])
+    result = {"op": op, "fields": fields, "shape": shape, "knobs": knobs,
               "fwd_bwd_wall_ms": statistics.median(wall), "device_ms": per_call}
     with open(os.path.join(out_dir, f"op_trace_{label}.json"), "w") as f:
         json.dump(result, f, indent=1)
@@ -107,6 +109,15 @@ def trace_one(op, shape, fields, repeats, top, out_dir):
           f"events {device_total:.3f} ms per call", flush=True)
     for name, ms in list(per_call.items())[:top]:
         print(f"  {ms:8.3f} ms  {100 * ms / device_total:5.1f}%  {name[:100]}", flush=True)
+
+
+def _knobs(op):
+    """The module switches this run's kernels were traced with."""
+    if op == "gdn":
+        from kernels_pallas.gated_delta import chunked
+        return {"intra_backward": chunked.INTRA_BACKWARD}
+    from kernels_pallas.attention import backward
+    return {"overlap_sums": "on" if backward.OVERLAP_SUMS else "off"}
 
 
 def main():

@@ -9,11 +9,11 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 for preset in ${PRESETS:-gdn_125m}; do
   if [ -n "$NAMES" ]; then
-    export XLA_FLAGS="--xla_gpu_enable_command_buffer= --xla_dump_to=/tmp/hlo/$preset --xla_dump_hlo_as_text"
+    export XLA_FLAGS="$XLA_FLAGS --xla_gpu_enable_command_buffer= --xla_dump_to=/tmp/hlo/$preset --xla_dump_hlo_as_text"
   fi
   timeout ${LIMIT:-200} python3 -m train bench $preset --context ${CONTEXT:-2048} \
       --batch-size ${BATCH:-8} --steps 4 --profile /tmp/traces/$preset \
-      --out $OUT/bench_$preset.json 2>&1 | grep -E "ms / step|tokens/s|compile|error"
+      --out $OUT/bench_$preset${NAMES:+_no_command_buffers}.json 2>&1 | grep -E "ms / step|tokens/s|compile|error"
   python3 - $preset ${TOP:-30} <<'PY' | tee $OUT/profile_$preset.txt
 import sys
 from train.profile_trace import event_totals

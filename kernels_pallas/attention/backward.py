@@ -75,8 +75,9 @@ def _to_bth(x, length):
 # Whether the compiled dk/dv and dq kernels run a tile's row / column sums (FPA's field terms)
 # while the tile's dk or dq matmul is in flight (KernelConfig.overlap_sums). The overlap hides
 # the sums under the matmul but keeps more registers live: ptxas serialises the FPA dk/dv
-# kernel's wgmma for lack of registers (C7511). Read when a kernel is traced;
-# benchmarks/op_trace.py --overlap-sums off times the other choice.
+# kernel's wgmma for lack of registers (C7511). Read when a kernel is traced (a function
+# already compiled keeps its choice until jax.clear_caches()); benchmarks/op_trace.py
+# --overlap-sums off times the other choice.
 OVERLAP_SUMS = True
 
 

@@ -254,19 +254,18 @@ def _accumulate(cfg, acc, lhs, lhs_smem, rhs_smem, during=None, state=()):
         acc = acc + _matmul(lhs_smem, rhs_smem, acc.shape)
         return acc, (tuple(state) if during is None else during(tuple(state)))
     operand = lhs.astype(rhs_smem.dtype)
-    overlap = cfg.overlap_sums and during is not None
+    if during is None or not cfg.overlap_sums:
+        acc = pl.run_state(lambda acc_ref: plgpu.wgmma(acc_ref, operand, rhs_smem))(
+            plgpu.ACC.init(acc))
+        return acc, (tuple(state) if during is None else during(tuple(state)))
 
     def body(refs):
         acc_ref, state_refs = refs
         plgpu.wgmma(acc_ref, operand, rhs_smem)
-        if overlap:
-            for ref, value in zip(state_refs, during(tuple(ref[...] for ref in state_refs))):
-                ref[...] = value
+        for ref, value in zip(state_refs, during(tuple(ref[...] for ref in state_refs))):
+            ref[...] = value
 
-    acc, state = pl.run_state(body)((plgpu.ACC.init(acc), tuple(state)))
-    if during is None or overlap:
-        return acc, state
-    return acc, during(tuple(state))
+    return pl.run_state(body)((plgpu.ACC.init(acc), tuple(state)))
 
 
 def _zeros(shape, layout):
@@ -635,7 +634,7 @@ def dkv_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
                 dp = _matmul(v_s, do_s.at[slot].transpose((1, 0)), (n, n))
                 ds = p * (dp - tile.row("delta"))
 
-                def column_sums(col_acc):  # while dk's matmul runs
+                def column_sums(col_acc):  # during dk's matmul (cfg.overlap_sums) or after it
                     if cfg.mode == "separable":
                         return (col_acc[0] - tile.sum_over_queries(ds),)
                     if fpa and field_work:
@@ -832,7 +831,7 @@ def dq_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
                 dp = _matmul(do_s, v_s.at[slot].transpose((1, 0)), (n, n))
                 ds = p * (dp - tile.row("delta"))
 
-                def row_sums(row_acc):  # while dq's matmul runs
+                def row_sums(row_acc):  # during dq's matmul (cfg.overlap_sums) or after it
                     row_acc = list(row_acc)
                     if cfg.mode == "separable":
                         row_acc[0] = row_acc[0] + tile.sum_over_keys(ds)

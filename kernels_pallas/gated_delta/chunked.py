@@ -18,8 +18,9 @@ the reverse recurrence in `state_kernels.backward_states` and forms, batched ove
     q, k [B, T, H, K]   v [B, T, HV, V]   g, beta [B, T, HV]   S [B, HV, K, V] float32
     internals chunk-major: Kw, W [N, B, HV, C, K] (16-bit), U [N, B, HV, C, V] float32
 
-Residuals: the entering states [N, B, HV, K, V] float32 (as the "xla" path saves) plus the
-inputs; the intra-chunk part is recomputed in the backward pass.
+Residuals: the entering states [N, B, HV, K, V] float32 (as the "xla" path saves), the inputs
+(q padded), W, Kw, P (16-bit), U (float32) and the decays e; (I + A)^{-1} and the outputs
+(`chunk_outputs`) are recomputed in the backward pass.
 Matrix operands of the kernels are 16-bit (bf16/f16: the dtype of q and k); float32 inputs run
 only in interpret mode (tests), with float32 operands.
 """
@@ -41,7 +42,9 @@ CHUNK = 64
 # launch) where its shared memory fits (K = V = 128 and below at 16 bits), "xla" otherwise.
 # Read when the backward is traced. On the H200 "pallas" takes the op's forward+backward from
 # 4.50 to 3.44 ms at (4, 4096, 16, 128) and from 2.13 to 1.52 ms at (8, 2048, 12, 64), with the
-# same bf16 accuracy, and the gdn_125m train step from 58 to 52 ms (docs/benchmarks.md).
+# same bf16 accuracy (docs/benchmarks.md). The gdn_125m train step: 58 ms of device time per
+# step with "xla" (a trace), 52 ms wall with "pallas" (two-window bench): not yet like for like.
+# Read when the backward is traced (a compiled function keeps its choice).
 INTRA_BACKWARD = "pallas"
 
 
@@ -215,7 +218,7 @@ def chunked_forward_pallas(q, k, v, g, beta, *, scale, initial_state, segment_id
     return out[:, :seq_len], final_state.astype(dtype)
 
 
-@functools.partial(jax.checkpoint, static_argnums=(6, 7))
+@functools.partial(jax.checkpoint, static_argnums=(6, 7), prevent_cse=False)
 def chunk_outputs(q, states, state_weights, base_values, attention, entering_decay, scale,
                   dtype):
     """O_c = scale diag(e) Q_c S_c + P_c (U_c - W_c S_c) in `dtype`, [B, N C, HV, V].

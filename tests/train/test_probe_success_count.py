@@ -29,7 +29,7 @@ def chosen_accuracies(monkeypatch, finals):
     return calls
 
 
-@pytest.mark.parametrize("task", ["ladder", "push_pop", "flip_flop"])  # 0.95, 0.9, 0.99
+@pytest.mark.parametrize("task", ["ladder", "mqar", "flip_flop"])  # 0.95, 0.9, 0.99
 def test_successes_count_the_seeds_strictly_above_the_threshold(monkeypatch, task):
     threshold = TASKS[task].threshold
     at = np.float32(threshold)                                   # exactly at the threshold

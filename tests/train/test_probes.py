@@ -299,8 +299,8 @@ def test_push_pop_order_blind_ceiling_is_below_its_threshold():
 
 
 def test_push_pop_asks_balanced_and_about_popped_values():
-    """About half the answers are ON; OFF answers are mostly about values pushed and popped,
-    not values never seen (which a bag would answer)."""
+    """About half the answers are ON; OFF answers are always about values pushed and popped,
+    never about values not seen (which a bag would answer)."""
     data = tasks.push_pop(case_seed(19), 400)
     lay = tasks.push_pop_layout(8)
     on = data.targets[data.mask] == lay["on"]
@@ -308,7 +308,7 @@ def test_push_pop_asks_balanced_and_about_popped_values():
     seen = [t - lay["ask"] + lay["push"] in row[:i]
             for row, mask, target in zip(data.tokens, data.mask, data.targets)
             for i in np.flatnonzero(mask) for t in [row[i]] if target[i] == lay["off"]]
-    assert np.mean(seen) > 0.95
+    assert seen and all(seen)
 
 
 def test_push_pop_live_keys_of_the_stack_form_are_the_stack():

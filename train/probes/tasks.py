@@ -301,8 +301,8 @@ def push_pop(seed: int, num_sequences: int, length: int = 24, num_values: int = 
     at uniformly random places after the first operation and leave the stack alone. ASK(v) is
     scored: target ON if v is on the stack (a PUSH(v) not popped since), else OFF. With
     probability 1/2 v is drawn from the values on the stack, else from those pushed and since
-    popped off it (when either set is empty, from the other; with both empty, from the values
-    never pushed). Layout: push_pop_layout(num_values).
+    popped off it (when one set is empty, from the other; the first operation is a PUSH, so
+    both are never empty). Layout: push_pop_layout(num_values).
 
     A key pushed at depth i is on the stack until the depth falls below i: with the walk
     W = depth (delta +1 at PUSH, -1 at POP), field phi = W and level psi_s = W_s, FPA's live
@@ -321,7 +321,7 @@ def push_pop(seed: int, num_sequences: int, length: int = 24, num_values: int = 
             if is_query:
                 on, off = set(stack), popped - set(stack)
                 pick_on = bool(on) and (not off or rng.random() < 0.5)
-                pool = sorted(on if pick_on else off) or sorted(set(range(num_values)) - on)
+                pool = sorted(on if pick_on else off)   # never empty: a PUSH comes first
                 value = int(rng.choice(pool))
                 tokens.append(layout["ask"] + value)
                 targets.append(layout["on"] if value in on else layout["off"])
