@@ -510,3 +510,28 @@ def test_two_walks_defaults_to_two_heads_of_dim_two():
     assert (config.num_heads, config.head_dim) == (1, 2)
     _, _, _, _, config, _ = parse_arguments(["ladder"])
     assert (config.num_heads, config.head_dim) == (1, 4)
+
+
+def test_token_shift_starts_as_the_plain_model_and_reaches_the_previous_token():
+    """token_shift adds s * h_{t-1} before each attention with s initialised to 0: at init the
+    logits equal the model without it; with s != 0 a one-layer position-free model's output at
+    t changes with the token at t - 1 (without the shift it sees only the bag)."""
+    import jax
+    import jax.numpy as jnp
+    from train.probes.model import build_model
+
+    sizes = dict(model_dim=8, num_layers=1, num_heads=1, head_dim=4)
+    plain = build_model("softmax_nope", 10, **sizes)
+    shifted = build_model("softmax_nope", 10, token_shift=True, **sizes)
+    tokens = jnp.asarray(np.random.default_rng(case_seed(21)).integers(1, 10, (2, 6)))
+    params = shifted.init(jax.random.PRNGKey(case_seed(22)), tokens)
+    assert float(jnp.abs(params["params"]["shift_0"]).max()) == 0.0
+    without = {"params": {k: v for k, v in params["params"].items() if k != "shift_0"}}
+    np.testing.assert_array_equal(shifted.apply(params, tokens), plain.apply(without, tokens))
+
+    params["params"]["shift_0"] = jnp.ones(8)
+    swapped = tokens.at[:, 2:4].set(tokens[:, 3:1:-1])       # same bag at t = 4, new t - 1
+    changed = lambda model, p: float(jnp.abs(model.apply(p, tokens)[:, 4]
+                                             - model.apply(p, swapped)[:, 4]).max())
+    assert changed(plain, without) < 1e-5
+    assert changed(shifted, params) > 1e-3 or bool(jnp.all(tokens[:, 2] == tokens[:, 3]))

@@ -1,8 +1,14 @@
 """Small probe models: embedding, pre-norm attention (+ MLP) blocks, linear readout.
 
     x_0    = E[tokens]                                    [B, T, D]
-    per layer l:  x <- x + attention_l(LayerNorm(x));  x <- x + MLP(LayerNorm(x))  (mlp=True)
+    per layer l:  x <- x + attention_l(h);  x <- x + MLP(LayerNorm(x))  (mlp=True)
+                  h = LayerNorm(x), or with token_shift h_t + s_l * h_{t-1} (h_0 unshifted;
+                  s_l [D] learned, initialised to 0)
     logits = LayerNorm(x) @ W_out + b_out                 float32 [B, T, V]
+
+token_shift gives every method the same channel to the previous token inside a layer (as a
+short convolution or token shift in a block would), so that a layer whose attention has no
+notion of order, such as FPA without its bias, can still find the token before it.
 
 `attention_l` is chosen by METHODS[method](layer_index, num_heads, head_dim): FPA and its
 ablations, FoX, softmax (RoPE / NoPE / ALiBi), Selective Attention, DCP, and FPA with the bias
@@ -61,12 +67,17 @@ class ProbeModel(nn.Module):
     model_dim: int
     attentions: Sequence[nn.Module]
     mlp: bool = True
+    token_shift: bool = False
 
     @nn.compact
     def __call__(self, tokens):
         x = nn.Embed(self.vocab_size, self.model_dim, name="embed")(tokens)
         for index, layer in enumerate(self.attentions):
-            x = x + layer(nn.LayerNorm(name=f"norm_attention_{index}")(x))
+            h = nn.LayerNorm(name=f"norm_attention_{index}")(x)
+            if self.token_shift:
+                s = self.param(f"shift_{index}", nn.initializers.zeros, (self.model_dim,))
+                h = h + s * jnp.pad(h[:, :-1], ((0, 0), (1, 0), (0, 0)))
+            x = x + layer(h)
             if self.mlp:
                 y = nn.LayerNorm(name=f"norm_mlp_{index}")(x)
                 y = nn.Dense(4 * self.model_dim, name=f"mlp_in_{index}")(y)
@@ -76,8 +87,10 @@ class ProbeModel(nn.Module):
 
 
 def build_model(method: str, vocab_size: int, *, model_dim: int, num_layers: int,
-                num_heads: int, head_dim: int, mlp: bool = True) -> ProbeModel:
+                num_heads: int, head_dim: int, mlp: bool = True,
+                token_shift: bool = False) -> ProbeModel:
     check_method(method)
     make = METHODS[method]
     return ProbeModel(vocab_size=vocab_size, model_dim=model_dim, mlp=mlp,
+                      token_shift=token_shift,
                       attentions=tuple(make(i, num_heads, head_dim) for i in range(num_layers)))

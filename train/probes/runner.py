@@ -46,6 +46,7 @@ class ProbeConfig:
     num_heads: int = 1
     head_dim: int = 4
     mlp: bool = True
+    token_shift: bool = False   # a learned previous-token mix before each attention (model.py)
     train_size: int = 2048
     test_size: int = 512
 
@@ -87,7 +88,8 @@ def _compiled_trainer(method: str, vocab_size: int, config: ProbeConfig):
     seeds of the same shapes reuse its compilation."""
     model = build_model(method, vocab_size, model_dim=config.model_dim,
                         num_layers=config.num_layers, num_heads=config.num_heads,
-                        head_dim=config.head_dim, mlp=config.mlp)
+                        head_dim=config.head_dim, mlp=config.mlp,
+                        token_shift=config.token_shift)
     return _train_function(model, config)
 
 
