@@ -19,8 +19,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def xla_flags(devices: int, default_level: bool = False) -> str:
-    """XLA_FLAGS for a subprocess with `devices` CPU devices: the session's flags (but their
-    device count) plus this one."""
+    """XLA_FLAGS for a subprocess with `devices` CPU devices: the session's flags with this
+    device count (and without the session's CPU optimisation level if `default_level`)."""
     kept = [flag for flag in os.environ.get("XLA_FLAGS", "").split()
             if "xla_force_host_platform_device_count" not in flag
             and not (default_level and "xla_backend_optimization_level" in flag)]
