@@ -1,9 +1,10 @@
 """Name the source of each costly kernel in a GPU trace: an XLA fusion's JAX op and line.
 
-    python3 benchmarks/fusion_sources.py TRACE_DIR HLO_DUMP_DIR [--top 40] [--steps 3]
+    python3 benchmarks/fusion_sources.py TRACE_DIR [HLO_DUMP_DIR] [--top 40] [--steps 3]
 
 TRACE_DIR holds a jax.profiler trace (train/profile_trace.py reads it), HLO_DUMP_DIR the
-`--xla_dump_to` output of the same program with `--xla_dump_hlo_as_text`. The trace must be
+`--xla_dump_to` output of the same program with `--xla_dump_hlo_as_text`; without it only the
+kernel names and their ms per step and share are printed. For the names the trace must be
 taken with command buffers off (`--xla_gpu_enable_command_buffer=`): inside a CUDA graph every
 kernel is reported under the graph, not under its own HLO instruction. For each of the `top`
 costliest kernels it prints ms per step and the instruction's `op_name` from the optimized HLO
@@ -48,7 +49,7 @@ def instruction_sources(dump_dir: Path) -> dict[str, str]:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("trace_dir", type=Path)
-    parser.add_argument("dump_dir", type=Path)
+    parser.add_argument("dump_dir", type=Path, nargs="?")
     parser.add_argument("--top", type=int, default=40)
     parser.add_argument("--steps", type=int, default=3, help="steps in the trace")
     args = parser.parse_args(argv)
@@ -56,16 +57,19 @@ def main(argv=None) -> int:
     if not totals:
         print(f"error: no trace under {args.trace_dir}", file=sys.stderr)
         return 2
-    sources = instruction_sources(args.dump_dir)
+    sources = instruction_sources(args.dump_dir) if args.dump_dir else {}
     whole = sum(totals.values())
-    print(f"{whole / args.steps / 1e3:.1f} ms of kernel time per step; {len(sources)} named "
-          f"instructions in {args.dump_dir}")
+    print(f"{whole / args.steps / 1e3:.1f} ms of kernel time per step ({args.steps} steps); "
+          f"{len(sources)} named instructions")
+    for name, micros in totals.most_common(args.top):
+        source = sources.get(name.replace(".", "_"), "")
+        print(f"{micros / args.steps / 1e3:8.3f} ms  {100 * micros / whole:5.1f}%  "
+              f"{name[:60]:60s}  {source[:150]}")
+    if not sources:
+        return 0
     by_source = collections.Counter()
     for name, micros in totals.items():
         by_source[sources.get(name.replace(".", "_"), name).split("  ")[0]] += micros
-    for name, micros in totals.most_common(args.top):
-        source = sources.get(name.replace(".", "_"), "-")
-        print(f"{micros / args.steps / 1e3:8.3f} ms  {name[:40]:40s}  {source[:150]}")
     print("\nby op_name (all kernels):")
     for name, micros in by_source.most_common(args.top):
         print(f"{micros / args.steps / 1e3:8.3f} ms  {name[:150]}")
