@@ -129,8 +129,8 @@ def random_batch(config: Config, vocab_size: int) -> dict[str, np.ndarray]:
 
 def benchmark(config: Config, *, steps: int, warmup: int = 2, profile_dir: str | Path | None = None,
               profile_steps: int = 3, ceiling_size: int | None = None) -> dict[str, Any]:
-    """Time two windows of `steps` train steps of `config` (the faster counts) (vocabulary: model.vocab_size, else the
-    configured tokenizer's); see the module doc for what is measured."""
+    """Time TIMED_WINDOWS windows of `steps` train steps of `config`, the faster counting
+    (vocabulary: model.vocab_size, else the configured tokenizer's); see the module doc."""
     if steps < 1 or warmup < 0 or profile_steps < 1:
         raise ValueError(f"steps and profile_steps must be >= 1 and warmup >= 0, got "
                          f"steps={steps}, warmup={warmup}, profile_steps={profile_steps}")

@@ -442,7 +442,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="sequence length (overrides data.seq_len)")
     sub.add_argument("--batch-size", type=_positive_int,
                      help="global batch (overrides data.batch_size)")
-    sub.add_argument("--steps", type=_positive_int, default=10, help="steps per timed window (two windows; the faster counts)")
+    sub.add_argument("--steps", type=_positive_int, default=10,
+                     help="steps per timed window (two windows; the faster counts)")
     sub.add_argument("--warmup", type=_non_negative_int, default=2,
                      help="untimed steps after compiling")
     sub.add_argument("--out", help="JSON output (default: runs/bench-<config>-len<T>.json)")

@@ -68,6 +68,11 @@ def test_bench_prints_mfu_and_writes_a_profile(tmp_path, capsys):
                 "top op"):
         assert row in printed
     result = json.loads(out.read_text())
+    windows = result["window_seconds"]      # two timed windows, the faster one counted
+    assert len(windows) == 2 and min(windows) > 0
+    assert result["seconds_per_step"] == pytest.approx(min(windows) / result["steps"])
+    assert result["tokens_per_second"] == pytest.approx(
+        result["batch_size"] * result["seq_len"] * result["steps"] / min(windows))
     assert result["model_flops_per_token"] == result["flops_terms"]["total"] > 6 * result["params"]
     assert result["flops_terms"]["attention"] > 0 and result["flops_terms"]["recurrence"] > 0
     assert result["achieved_tflops"] == pytest.approx(
