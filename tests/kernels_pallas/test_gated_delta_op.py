@@ -211,3 +211,23 @@ def test_inside_shard_map_with_gradients():
     want = loss("reference")(*args)
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
         assert _rel(a, b) < 1e-4
+
+
+def test_backward_keeps_no_float32_chunk_products():
+    """The chunk outputs are recomputed in the backward pass (chunked.chunk_outputs): of the
+    float32 [N, B, HV, C, V] tensors only U and the entering states are kept, not float32
+    copies of the 16-bit operands or the products U - W S and Q S (seven more before)."""
+    from jax._src.ad_checkpoint import saved_residuals
+    batch, seq_len, heads, dim = 2, 256, 2, 64
+    x = jnp.zeros((batch, seq_len, heads, dim), jnp.bfloat16)
+    gates = jnp.full((batch, seq_len, heads), -0.1, jnp.float32)
+
+    def loss(q, k, v, g, beta):
+        out, _ = api.gated_delta_rule(q, k, v, g, beta, implementation="pallas")
+        return jnp.sum(out.astype(jnp.float32))
+
+    with interpret.gpu_interpret():
+        kept = saved_residuals(loss, x, x, x, gates, gates.astype(jnp.bfloat16))
+    chunk_shaped = [aval for aval, _ in kept if aval.dtype == jnp.float32
+                    and aval.shape == (seq_len // 64, batch, heads, 64, dim)]
+    assert len(chunk_shaped) == 2, [str(aval) for aval, _ in kept]
