@@ -15,8 +15,8 @@ XLA's CPU backend compiles at its lowest optimisation level (XLA_FLAGS
 --xla_backend_optimization_level=0, also inherited by the subprocesses; tests/devices.py
 keeps it when it adds the device count): it changes LLVM's code generation for the CPU only, not
 what is computed, and cut the CPU time summed over the suite's tests from 1705 s to 1312 s
-(same machine and load; the GPU the library targets never runs this code). The tests that check the ring attention at XLA's default
-level ask for it (`run_on_cpu_devices(..., default_level=True)`); an XLA_FLAGS that already
+(same machine and load; the GPU the library targets never runs this code). The tests that
+check the ring attention at XLA's default level ask for it (`run_on_cpu_devices(..., default_level=True)`); an XLA_FLAGS that already
 names a level is left alone.
 
 Under pytest-xdist (`-n 2`), tests marked `slow` are handed out first (one long test started
