@@ -1,15 +1,14 @@
 """Seconds to lower each attention kernel for a Hopper GPU, and Mosaic's layout-inference share.
 
-    python benchmarks/kernel_lowering_time.py [--shape 2,512,2,64] [--lowering warpgroup|lane]
+    python benchmarks/kernel_lowering_time.py [--shape 2,512,2,64] [--lowering lane|warpgroup]
 
 Lowers one jitted FPA forward+backward (`fpa_pallas`, bf16) with
 `lower(lowering_platforms=("cuda",))`, so it runs on a machine without a GPU: the Pallas ->
 Mosaic GPU lowering in Python, including the register-layout inference that the "warpgroup"
-lowering semantics (jax's default) runs and "lane" skips (the kernels state their layouts).
-Prints, per kernel, the lowering seconds and the part spent in layout inference. The LLVM /
-ptxas stage runs only on the GPU (benchmarks/gpu/lowering_ab.sh times the whole compile).
-`--lowering lane` switches this process's attention kernels (kernels_pallas/attention/
-COMPILER_PARAMS) only.
+lowering semantics (jax's default) runs and "lane" (the kernels' choice, kernels_pallas/
+attention/common.py) skips. Prints, per kernel, the lowering seconds and the part spent in
+layout inference. The LLVM / ptxas stage runs only on the GPU. `--lowering warpgroup`
+switches this process's attention kernels only.
 """
 
 import argparse
@@ -49,10 +48,11 @@ def instrument():
     return records
 
 
-def use_lane_lowering():
+def use_lowering(semantics):
     from kernels_pallas.attention import backward_diagonal, backward_kernels, forward_kernel
     params = plgpu.CompilerParams(approx_math=True,
-                                  lowering_semantics=plgpu.LoweringSemantics.Lane)
+                                  lowering_semantics=getattr(plgpu.LoweringSemantics,
+                                                             semantics.capitalize()))
     for module in (backward_diagonal, backward_kernels, forward_kernel):
         module.COMPILER_PARAMS = params
 
@@ -60,11 +60,10 @@ def use_lane_lowering():
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shape", default="2,512,2,64", help="B,T,H,D")
-    parser.add_argument("--lowering", choices=("warpgroup", "lane"), default="warpgroup")
+    parser.add_argument("--lowering", choices=("lane", "warpgroup"), default="lane")
     args = parser.parse_args()
     records = instrument()
-    if args.lowering == "lane":
-        use_lane_lowering()
+    use_lowering(args.lowering)
     from kernels_pallas.attention.vjp import fpa_pallas
 
     batch, length, heads, dim = (int(n) for n in args.shape.split(","))

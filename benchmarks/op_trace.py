@@ -116,8 +116,7 @@ def _knobs(op):
     if op == "gdn":
         from kernels_pallas.gated_delta import chunked
         return {"intra_backward": chunked.INTRA_BACKWARD}
-    from kernels_pallas.attention import backward
-    return {"overlap_sums": "on" if backward.OVERLAP_SUMS else "off"}
+    return {}
 
 
 def main():
@@ -131,13 +130,7 @@ def main():
     parser.add_argument("--intra-backward", choices=("xla", "pallas"), default=None,
                         help="gdn: the WY preparation's backward (kernels_pallas/gated_delta/"
                              "chunked.py INTRA_BACKWARD)")
-    parser.add_argument("--overlap-sums", choices=("on", "off"), default=None,
-                        help="attention: row / column sums during the dk or dq matmul "
-                             "(kernels_pallas/attention/backward.py OVERLAP_SUMS)")
     args = parser.parse_args()
-    if args.overlap_sums is not None:
-        from kernels_pallas.attention import backward
-        backward.OVERLAP_SUMS = args.overlap_sums == "on"
     if args.intra_backward is not None:
         from kernels_pallas.gated_delta import chunked
         chunked.INTRA_BACKWARD = args.intra_backward

@@ -72,15 +72,6 @@ def _to_bth(x, length):
     return jnp.moveaxis(x[:, :, :length], 1, 2)
 
 
-# Whether the compiled dk/dv and dq kernels run a tile's row / column sums (FPA's field terms)
-# while the tile's dk or dq matmul is in flight (KernelConfig.overlap_sums). The overlap hides
-# the sums under the matmul but keeps more registers live: ptxas serialises the FPA dk/dv
-# kernel's wgmma for lack of registers (C7511). Read when a kernel is traced (a function
-# already compiled keeps its choice until jax.clear_caches()); benchmarks/op_trace.py
-# --overlap-sums off times the other choice.
-OVERLAP_SUMS = True
-
-
 def kernel_config(bias, scale, segment_ids, length, block=BLOCK, prune=False,
                   lhs_in_registers=None):
     """The static configuration of the kernels for this bias. lhs_in_registers: None picks
@@ -95,8 +86,7 @@ def kernel_config(bias, scale, segment_ids, length, block=BLOCK, prune=False,
                         query_level=bool(bias.query_level) if fpa else False,
                         content=bool(bias.content) if fpa else True,
                         prune=bool(prune), margin=pruning_margin(length),
-                        lhs_in_registers=bool(lhs_in_registers),
-                        overlap_sums=bool(OVERLAP_SUMS))
+                        lhs_in_registers=bool(lhs_in_registers))
 
 
 def document_end_index(segment_ids, padded, n):

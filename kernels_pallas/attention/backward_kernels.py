@@ -79,9 +79,6 @@ class KernelConfig:
     margin: float = 0.0
     lhs_in_registers: bool = False  # P, dS as wgmma operands from registers (compiled only;
                                     # backward.kernel_config picks it outside the interpreter)
-    overlap_sums: bool = True  # with lhs_in_registers: a tile's row / column sums (FPA's field
-                               # terms) run while its dk or dq matmul is in flight; False:
-                               # after it (fewer live registers; backward.OVERLAP_SUMS)
 
     @property
     def skips(self):
@@ -244,8 +241,8 @@ def _accumulate(cfg, acc, lhs, lhs_smem, rhs_smem, during=None, state=()):
 
     With cfg.lhs_in_registers the wgmma reads lhs from registers and accumulates into acc in
     place (no second accumulator tile); otherwise lhs is staged in lhs_smem (the GPU
-    interpreter of the tests supports only that form) and `during` runs after the matmul, as
-    it also does without cfg.overlap_sums. A ref slot that rhs_smem indexes must be traced (a
+    interpreter of the tests supports only that form) and `during` runs after the matmul. (On
+    the H200, running it during or after the matmul took the same time.) A ref slot that rhs_smem indexes must be traced (a
     Python int fails in run_state).
     """
     if not cfg.lhs_in_registers:
@@ -254,7 +251,7 @@ def _accumulate(cfg, acc, lhs, lhs_smem, rhs_smem, during=None, state=()):
         acc = acc + _matmul(lhs_smem, rhs_smem, acc.shape)
         return acc, (tuple(state) if during is None else during(tuple(state)))
     operand = lhs.astype(rhs_smem.dtype)
-    if during is None or not cfg.overlap_sums:
+    if during is None:
         acc = pl.run_state(lambda acc_ref: plgpu.wgmma(acc_ref, operand, rhs_smem))(
             plgpu.ACC.init(acc))
         return acc, (tuple(state) if during is None else during(tuple(state)))
@@ -634,7 +631,7 @@ def dkv_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
                 dp = _matmul(v_s, do_s.at[slot].transpose((1, 0)), (n, n))
                 ds = p * (dp - tile.row("delta"))
 
-                def column_sums(col_acc):  # during dk's matmul (cfg.overlap_sums) or after it
+                def column_sums(col_acc):  # during dk's matmul
                     if cfg.mode == "separable":
                         return (col_acc[0] - tile.sum_over_queries(ds),)
                     if fpa and field_work:
@@ -831,7 +828,7 @@ def dq_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
                 dp = _matmul(do_s, v_s.at[slot].transpose((1, 0)), (n, n))
                 ds = p * (dp - tile.row("delta"))
 
-                def row_sums(row_acc):  # during dq's matmul (cfg.overlap_sums) or after it
+                def row_sums(row_acc):  # during dq's matmul
                     row_acc = list(row_acc)
                     if cfg.mode == "separable":
                         row_acc[0] = row_acc[0] + tile.sum_over_keys(ds)
