@@ -14,7 +14,7 @@ segment_ids [B, T] int or None (contiguous documents). bias is one of bias.py's
 FPA's dbeta is centred per row (backward_kernels.py: the rows' error of delta cancels)
 and delta should come from the float32 out (vjp.py saves it). FPA's dphi is the
 straight-through soft-minimum gradient of fpa_jax/fpa/xla_vjp.py with every exponent
-relative to a local hard minimum (backward_fields.py): the kernels (backward_kernels.py)
+relative to a local hard minimum (fields.py): the kernels (backward_kernels.py)
 return per-level key-side and query-side shares and one scalar per off-diagonal tile for the
 gap blocks; short XLA passes spread them over the positions. Internally T is padded to a
 multiple of the block (padded rows get lse = +inf, so they carry no probability).
@@ -30,7 +30,7 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-from kernels_pallas.attention import backward_fields as fields
+from kernels_pallas.attention import fields
 from kernels_pallas.attention.bias import FPABias, NoBias, SeparableBias
 from kernels_pallas.attention.common import BIG, SUPPORTED_HEAD_DIMS, dead_key_bounds
 from kernels_pallas.attention.backward_diagonal import diagonal_shares_kernel
@@ -163,7 +163,7 @@ def prepare(cfg, q, k, v, out, lse, dout, bias, segment_ids):
         top = cfg.diag_levels  # the block level
         vectors.update(pre_min=pre_min[:, :, top], pre_mass=pre_mass[:, :, top],
                        suf_min=suf_min[:, :, top], suf_mass=suf_mass[:, :, top])
-        block_min, block_mass = fields.block_min_mass(phi, n, cfg.tau)
+        block_min, block_mass = fields.block_totals(pre_min[:, :, top], pre_mass[:, :, top], n)
         vectors["bmin"] = jnp.repeat(block_min, n, axis=-1)
         vectors["bmass"] = jnp.repeat(block_mass, n, axis=-1)
         if cfg.separable:  # per-block bounds of the share paths (backward_kernels._share_path)

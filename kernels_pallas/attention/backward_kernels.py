@@ -14,7 +14,7 @@ valid: s <= t and doc(s) == doc(t). Bias modes (static):
                   (both sums of the same float32 dS, so their rounding errors match)
     "fpa":        b_ts = beta min(0, R_ts - level),  level = psi_s (psi_t with query_level),
                   R_ts = min(A_s, G, C_t) off the diagonal, the dyadic range minimum on it
-                  (backward_fields.py); coef = beta [dead] dS;  d level -= sum coef;
+                  (fields.py); coef = beta [dead] dS;  d level -= sum coef;
                   d beta_s += sum_t [dead] (R - level) dS;  per row, dsum_t = sum_s dS_ts and
                   pgap_t = sum_s P_ts [dead] (R - level), so that backward.py can centre
                   d beta per row: sum_t dsum_t pgap_t is subtracted (dsum_t is 0 in exact

@@ -38,6 +38,7 @@ import jax.numpy as jnp
 
 from kernels_pallas.attention.bias import FPABias, NoBias, SeparableBias
 from kernels_pallas.attention.common import BIG, SUPPORTED_HEAD_DIMS, dead_key_bounds
+from kernels_pallas.attention.fields import level_stats
 from kernels_pallas.interpret import interpret_active
 from kernels_pallas.padding import pad_time
 from kernels_pallas.attention.forward_kernel import BLOCK, LOG2E, ForwardConfig, forward_kernel
@@ -63,15 +64,6 @@ def _blocks(x, n):
 def _per_block(scalar, n):
     """[..., nb] -> [..., nb * n] (each block's scalar repeated over its positions)."""
     return jnp.repeat(scalar, n, axis=-1)
-
-
-def _group_minima(phi, group):
-    """Inclusive prefix and exclusive suffix minima inside groups of `group`: [..., Tp] each."""
-    x = _blocks(phi, group)
-    pre = jax.lax.cummin(x, axis=x.ndim - 1)
-    suf = jax.lax.cummin(x, axis=x.ndim - 1, reverse=True)
-    suf = jnp.concatenate([suf[..., 1:], jnp.full_like(suf[..., :1], BIG)], axis=-1)
-    return pre.reshape(phi.shape), suf.reshape(phi.shape)
 
 
 def document_start_index(segment_ids, padded):
@@ -176,7 +168,8 @@ def attention_forward(q, k, v, bias=NoBias(), *, scale: float,
     elif fpa:
         phi = heads_major(bias.phi, padded, edge=True)
         psi = heads_major(bias.psi, padded)
-        vec["pre"], vec["suf"] = _group_minima(phi, n)
+        pre_min, _, suf_min, _ = level_stats(phi, n, 1.0)  # minima only: XLA drops the masses
+        vec["pre"], vec["suf"] = pre_min[:, :, cfg.levels], suf_min[:, :, cfg.levels]
         vec["bmin"] = _per_block(_blocks(phi, n).min(-1), n)
         vec["beta"] = jnp.broadcast_to(bias.beta.astype(jnp.float32)[None, :, None],
                                        (batch, heads, padded))
@@ -185,7 +178,7 @@ def attention_forward(q, k, v, bias=NoBias(), *, scale: float,
             vec["clo"] = vec["bmin"]
             vec["kap"], vec["kpmax"] = dead_key_bounds(vec["suf"], psi, n)
         for level in range(cfg.levels):
-            vec[f"dpre{level}"], vec[f"dsuf{level}"] = _group_minima(phi, 1 << level)
+            vec[f"dpre{level}"], vec[f"dsuf{level}"] = pre_min[:, :, level], suf_min[:, :, level]
         if prune and cfg.query_level:
             vec["qc"] = _per_block(_masked_block(vec["pre"] - psi, real, n, jnp.max, -BIG), n)
             vec["qp"] = _per_block(_masked_block(psi, real, n, jnp.min, BIG), n)

@@ -1,4 +1,5 @@
-"""Field statistics before, and field-gradient spreading after, the FPA backward kernels (XLA).
+"""FPA's field statistics (XLA): the level minima the forward and backward kernels read, the
+masses the backward reads, and the field-gradient spreading after the backward kernels.
 
 Per head, phi [Tp] (Tp a multiple of the block n, a power of two >= 8) is cut into groups of
 g = 2^L positions for every level L = 0 .. log2(n) (L = log2 n is the kernel's block):
@@ -37,33 +38,39 @@ def num_levels(block):
     return block.bit_length()  # levels 0 .. log2(block)
 
 
-def group_stats(phi, group, tau):
-    """(pre_min, pre_mass, suf_min, suf_mass) of groups of `group` positions, each [..., Tp]."""
-    shape = phi.shape
-    x = phi.reshape(shape[:-1] + (shape[-1] // group, group))
-    u = jnp.arange(group)
-    upto = u[None, :] <= u[:, None]   # [t, u]
-    later = u[None, :] > u[:, None]   # [s, u]
-    xu = x[..., None, :]
-    pre_min = jnp.where(upto, xu, BIG).min(-1)
-    pre_mass = jnp.where(upto, _decay(xu - pre_min[..., None], tau), 0.0).sum(-1)
-    suf_min = jnp.where(later, xu, BIG).min(-1)
-    suf_mass = jnp.where(later, _decay(xu - suf_min[..., None], tau), 0.0).sum(-1)
-    flat = lambda a: a.reshape(shape)
-    return flat(pre_min), flat(pre_mass), flat(suf_min), flat(suf_mass)
-
-
 def level_stats(phi, block, tau):
-    """Stacked group_stats for every level: four arrays [..., Lv, Tp]."""
-    per_level = [group_stats(phi, 1 << level, tau) for level in range(num_levels(block))]
-    return tuple(jnp.stack(parts, axis=-2) for parts in zip(*per_level))
+    """(pre_min, pre_mass, suf_min, suf_mass), each [..., Lv, Tp], built level by level: a
+    group of 2^(L+1) is two groups of 2^L, so a prefix in its second half takes in the first
+    half's total (the prefix at its last position) and a suffix in its first half the second
+    half's total, each mass rescaled to the new minimum (every exponent <= 0). O(Tp) per
+    level, elementwise (no g x g tiles)."""
+    shape = phi.shape
+    pre_min, pre_mass = phi, jnp.ones_like(phi)
+    suf_min, suf_mass = jnp.full_like(phi, BIG), jnp.zeros_like(phi)
+    stats = [(pre_min, pre_mass, suf_min, suf_mass)]
+    for level in range(1, num_levels(block)):
+        half = 1 << (level - 1)
+        halves = lambda a: a.reshape(shape[:-1] + (shape[-1] // (2 * half), 2, half))
+        pm, pw, sm, sw = (halves(a) for a in (pre_min, pre_mass, suf_min, suf_mass))
+        total_min, total_mass = pm[..., -1:], pw[..., -1:]   # [..., groups, 2, 1] per half
+        joined = jnp.minimum(pm[..., 1, :], total_min[..., 0, :])
+        second_pre = (pw[..., 1, :] * _decay(pm[..., 1, :] - joined, tau)
+                      + total_mass[..., 0, :] * _decay(total_min[..., 0, :] - joined, tau))
+        pre_min = jnp.stack([pm[..., 0, :], joined], axis=-2).reshape(shape)
+        pre_mass = jnp.stack([pw[..., 0, :], second_pre], axis=-2).reshape(shape)
+        joined = jnp.minimum(sm[..., 0, :], total_min[..., 1, :])
+        first_suf = (sw[..., 0, :] * _decay(sm[..., 0, :] - joined, tau)
+                     + total_mass[..., 1, :] * _decay(total_min[..., 1, :] - joined, tau))
+        suf_min = jnp.stack([joined, sm[..., 1, :]], axis=-2).reshape(shape)
+        suf_mass = jnp.stack([first_suf, sw[..., 1, :]], axis=-2).reshape(shape)
+        stats.append((pre_min, pre_mass, suf_min, suf_mass))
+    return tuple(jnp.stack(parts, axis=-2) for parts in zip(*stats))
 
 
-def block_min_mass(phi, block, tau):
-    """Minimum and soft-min mass (relative to it) of every block: [..., nb] each."""
-    x = phi.reshape(phi.shape[:-1] + (phi.shape[-1] // block, block))
-    low = x.min(-1)
-    return low, jnp.exp(-(x - low[..., None]) / tau).sum(-1)
+def block_totals(top_min, top_mass, block):
+    """Minimum and soft-min mass (relative to it) of every block, [..., nb] each, from the
+    block level's prefix statistics [..., Tp] (their values at each block's last position)."""
+    return top_min[..., block - 1::block], top_mass[..., block - 1::block]
 
 
 def gap_minima(block_min):
@@ -83,7 +90,7 @@ def spread_suffix(share, suf_min, phi, group, tau):
     u = jnp.arange(group)
     later = u[None, :] > u[:, None]  # [s, u]
     weight = jnp.where(later, _decay(cut(phi)[..., None, :] - cut(suf_min)[..., :, None], tau), 0.0)
-    return jnp.einsum("...s,...su->...u", cut(share), weight).reshape(shape)
+    return (cut(share)[..., :, None] * weight).sum(-2).reshape(shape)  # a fused reduction
 
 
 def spread_prefix(share, pre_min, phi, group, tau):
@@ -93,7 +100,7 @@ def spread_prefix(share, pre_min, phi, group, tau):
     u = jnp.arange(group)
     upto = u[None, :] <= u[:, None]  # [t, u]
     weight = jnp.where(upto, _decay(cut(phi)[..., None, :] - cut(pre_min)[..., :, None], tau), 0.0)
-    return jnp.einsum("...t,...tu->...u", cut(share), weight).reshape(shape)
+    return (cut(share)[..., :, None] * weight).sum(-2).reshape(shape)
 
 
 def spread_gap(gap_total, block_min, phi, block, tau):
@@ -136,5 +143,5 @@ def field_gradient(col_share, row_share, gap_total, phi, block, tau, pre_min=Non
                                     group, tau)
         dphi = dphi + spread_prefix(row_share[..., level, :], pre_min[..., level, :], phi,
                                     group, tau)
-    block_min, _ = block_min_mass(phi, block, tau)
+    block_min = pre_min[..., -1, block - 1::block]
     return dphi + spread_gap(gap_total, block_min, phi, block, tau)
