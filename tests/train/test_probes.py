@@ -11,8 +11,7 @@ import pytest
 from train.probes import tasks
 from train.probes.runner import ProbeConfig, run_probe, train_seeds
 from train.probes.stats import fisher_greater, sign_test_greater
-from train.probes.tasks import (PAD, TASKS, ladder_layout, resolve_sizes, two_walks_layout,
-                                variable_dips_layout)
+from train.probes.tasks import PAD, TASKS, ladder_layout, resolve_sizes, two_walks_layout
 from tests.seeds import case_seed
 
 SEEDS = (0, 7, case_seed(13))
@@ -77,33 +76,6 @@ def solve_ladder(rungs, num_values):
                 s = next(s for s in rung_at if parsed[s][2] == p[1])
                 alive = min(phi[s + 1:t + 1]) >= parsed[s][1]
                 answers[t] = lay["alive"] if alive else lay["dead"]
-        return answers
-
-    return solve
-
-
-def solve_variable_dips(rungs, num_values):
-    lay = variable_dips_layout(rungs, num_values)
-
-    def solve(tokens):
-        tokens = strip(tokens)
-        values = [t - lay["val"] for t in tokens[:rungs]]
-        assert all(0 <= v < num_values for v in values) and len(set(values)) == rungs
-        level, lowest, answers, excursion = rungs, rungs, {}, []
-        for i, t in enumerate(tokens[rungs:], start=rungs):
-            assert lay["down"] <= t <= lay["up"] or lay["ask"] <= t < lay["down"], t
-            level += {lay["down"]: -1, lay["hold"]: 0, lay["up"]: 1}.get(t, 0)
-            assert 0 <= level <= rungs
-            if lay["down"] <= t <= lay["up"]:
-                excursion.append(level)
-            if level == rungs and excursion:  # back at the surface after a dip:
-                assert min(excursion) == rungs or excursion.count(min(excursion)) in (1, 2)
-                excursion = []  # its deepest level lasted 1 or 2 tokens
-            lowest = min(lowest, level)
-            if lay["ask"] <= t < lay["down"]:
-                assert level == rungs  # queries only at the surface
-                rung = values.index(t - lay["ask"]) + 1
-                answers[i] = lay["alive"] if rung <= lowest else lay["dead"]
         return answers
 
     return solve
@@ -335,25 +307,6 @@ def test_push_pop_live_keys_of_the_stack_form_are_the_stack():
                 pushes = np.flatnonzero(is_push[row, :t])
                 alive = set(np.flatnonzero(bias[row, t, :t] == 0.0)) & set(pushes)
                 assert alive == set(stack), (row, t)
-
-
-@pytest.mark.parametrize("seed", SEEDS)
-@pytest.mark.parametrize("rungs", [1, 5])
-def test_variable_dips_matches_brute_force(seed, rungs):
-    data = tasks.variable_dips(seed, N, rungs=rungs, num_values=rungs + 2, num_dips=3,
-                               num_queries=6)
-    assert_answers(data, solve_variable_dips(rungs, rungs + 2))
-    answers = data.targets[data.mask]
-    assert set(answers) <= {1, 2}
-    if rungs > 1:
-        assert {1, 2} <= set(answers)  # both live and dead keys are asked about
-
-
-def test_variable_dips_deepest_step_lasts_one_or_two_tokens():
-    lay = variable_dips_layout(4, 6)
-    holds = tasks.variable_dips(3, 200, rungs=4, num_values=6).tokens == lay["hold"]
-    assert 0 < holds.sum() < (tasks.variable_dips(3, 200, rungs=4, num_values=6).tokens
-                              == lay["down"]).sum()
 
 
 @pytest.mark.parametrize("seed", SEEDS)

@@ -8,6 +8,8 @@ head_dim=2); keys on the command line override them. The reference (default: fpa
 among the methods, else the first method) must be one of the methods: a reference that is not
 run is refused, since no p-value could be computed. A mistake prints one `error:` line and
 exits 2. `python -m train probe list` prints the tasks, their sizes and the methods;
+`probe plot PATH ... [out=PNG] [columns=N]` draws every seed's final accuracy of the probe.json
+files given (a folder: its */probe.json) into one PNG (report.plot_per_seed);
 `probe --help` the keys and their defaults, `probe TASK --help` one task's (both generated from
 ProbeConfig, TASKS and the generators' signatures). While it trains, a line on stderr before and
 after each method (its seeds train at once, in one vmapped program).
@@ -25,7 +27,9 @@ from pathlib import Path
 DEFAULT_METHODS = "fpa,fox"
 DEFAULT_REFERENCE = "fpa"
 HELP_FLAGS = ("-h", "--help")
-USAGE = "usage: python -m train probe TASK [key=value ...]  |  probe list  |  probe [TASK] --help"
+USAGE = ("usage: python -m train probe TASK [key=value ...]  |  probe list  |  probe [TASK] --help"
+         "  |  probe plot PATH ... [out=PNG] [columns=N]")
+PLOT_DEFAULT = "per_seed.png"
 
 
 def _wrapped(items: list[str], indent: str = "  ") -> str:
@@ -164,6 +168,42 @@ def parse_arguments(argv: list[str]):
     return task, method_list, reference, out, ProbeConfig(**config), sizes
 
 
+def plot_main(argv: list[str]) -> int:
+    """`probe plot PATH ... [out=PNG] [columns=N]`: the per-seed figure of the given results;
+    out defaults to per_seed.png in the first folder given (or beside the first file)."""
+    from train.probes.report import find_results, load_result, plot_per_seed
+
+    paths, out, columns = [], None, 4
+    try:
+        for arg in argv:
+            key, sep, value = arg.partition("=")
+            if sep and key == "out":
+                out = Path(value)
+            elif sep and key == "columns":
+                columns = _parse_value("columns", value, 4)
+                if columns < 1:
+                    raise ValueError(f"columns must be >= 1, got {columns}")
+            elif sep:
+                raise ValueError(f"unknown key {key!r}: probe plot takes paths, out= and columns=")
+            else:
+                paths.append(arg)
+        if not paths:
+            raise ValueError("probe plot needs at least one probe.json or folder of them")
+        files = find_results(paths)
+        results = []
+        for file in files:
+            result = load_result(file)
+            results.append((f"{file.parent.name}: {result['task']}", result))
+        first = Path(paths[0])
+        out = out or (first if first.is_dir() else first.parent) / PLOT_DEFAULT
+        written = plot_per_seed(results, out, columns=columns)
+    except ValueError as error:
+        print(f"error: probe plot: {' '.join(str(error).split())}", file=sys.stderr)
+        return 2
+    print(f"{len(results)} results; written: {written}")
+    return 0
+
+
 def main(argv: list[str]) -> int:
     from train.metrics import progress_line
     from train.probes.model import METHODS
@@ -171,6 +211,12 @@ def main(argv: list[str]) -> int:
     from train.probes.runner import run_probe
     from train.probes.tasks import TASKS, task_sizes
 
+    if argv[:1] == ["plot"] and not any(flag in argv[1:] for flag in HELP_FLAGS):
+        return plot_main(argv[1:])
+    if argv[:1] == ["plot"]:
+        print(USAGE)
+        print(plot_main.__doc__)
+        return 0
     if argv[:1] and (argv[0] in HELP_FLAGS or argv[0] == "list" and argv[1:2]):
         print(general_help())
         return 0

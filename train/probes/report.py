@@ -5,6 +5,9 @@
                            Fisher's exact test and the sign test paired by seed
     PNG: left, successes per method (bars); right, held-out accuracy curves (median over seeds,
          band = min..max) with the success threshold dashed
+    per-seed PNG (plot_per_seed, `probe plot`): one panel per probe.json, the final held-out
+         accuracy of every seed per method (a dot each; a seed's dots joined across methods,
+         since the sign test pairs them), successes / seeds above each method, threshold dashed
 """
 
 from __future__ import annotations
@@ -86,3 +89,78 @@ def _plot(result: dict, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def find_results(paths: list[str | Path]) -> list[Path]:
+    """probe.json files: each path is one, or a folder searched for */probe.json (sorted).
+    ValueError when a path does not exist or nothing is found."""
+    found = []
+    for path in map(Path, paths):
+        if path.is_dir():
+            inside = sorted(path.glob("*/probe.json"))
+            found += inside or ([path / "probe.json"] if (path / "probe.json").is_file() else [])
+        elif path.is_file():
+            found.append(path)
+        else:
+            raise ValueError(f"{path} does not exist")
+    if not found:
+        raise ValueError(f"no probe.json in {', '.join(map(str, paths)) or 'the given paths'}")
+    return found
+
+
+def load_result(path: Path) -> dict:
+    """A probe.json as written by write_outputs; ValueError naming the file if it is not one."""
+    try:
+        result = json.loads(Path(path).read_text())
+        for run in result["methods"].values():
+            run["final_accuracy"], run["successes"], run["seeds"]
+        result["threshold"], result["task"]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+        raise ValueError(f"{path} is not a probe result "
+                         f"({type(error).__name__}: {error})") from None
+    return result
+
+
+def plot_per_seed(results: list[tuple[str, dict]], path: Path, columns: int = 4) -> Path:
+    """One panel per (label, result): final held-out accuracy per seed and method."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    columns = max(1, min(columns, len(results)))
+    rows = -(-len(results) // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(4.2 * columns, 3.3 * rows), squeeze=False)
+    for axis in axes.flat[len(results):]:
+        axis.set_visible(False)
+    for axis, (label, result) in zip(axes.flat, results):
+        methods = list(result["methods"])
+        finals = [np.asarray(result["methods"][m]["final_accuracy"]) for m in methods]
+        seeds = max(len(f) for f in finals)
+        x = np.arange(len(methods))
+        offsets = (np.arange(seeds) - (seeds - 1) / 2) * min(0.5 / max(seeds, 1), 0.04)
+        for seed in range(seeds):
+            ys = [f[seed] if seed < len(f) else np.nan for f in finals]
+            axis.plot(x + offsets[seed], ys, color="tab:gray", alpha=0.25, linewidth=0.6)
+        for i, (method, final) in enumerate(zip(methods, finals)):
+            passed = final > result["threshold"]
+            axis.scatter(i + offsets[:len(final)], final, s=10, zorder=3,
+                         c=np.where(passed, "tab:blue", "tab:red"))
+            run = result["methods"][method]
+            axis.annotate(f"{run['successes']}/{run['seeds']}", (i, 0.99),
+                          xycoords=("data", "axes fraction"), ha="center", va="top", fontsize=7)
+        axis.axhline(result["threshold"], linestyle="--", color="gray", linewidth=0.8)
+        axis.set_xticks(x)
+        axis.set_xticklabels(methods, rotation=30, ha="right", fontsize=7)
+        axis.set_ylim(min(0.0, *(float(np.min(f)) for f in finals)), 1.13)
+        axis.set_title(label, fontsize=8)
+        axis.tick_params(axis="y", labelsize=7)
+    axes[0, 0].set_ylabel("final held-out accuracy")
+    fig.suptitle("per-seed final held-out accuracy (blue: above the task's threshold, dashed; "
+                 "a seed's dots joined)", fontsize=9)
+    fig.tight_layout(rect=(0, 0, 1, 0.98))
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return path

@@ -149,66 +149,164 @@ def order_blind_ceiling(data: ProbeData) -> float:
 # ----------------------------------------------------------------------------------------------
 
 
-def variable_dips_layout(rungs: int, num_values: int) -> dict[str, int]:
-    """Id offsets of `variable_dips`: PAD 0, DEAD 1, ALIVE 2, VAL(v) = 3 + v, ASK(v) =
-    4 + V + r + v, DOWN, HOLD, UP after those (ids 3 + V .. 3 + V + r are unused)."""
-    val = 3
-    ask = val + num_values + rungs + 1
-    down = ask + num_values
-    return {"dead": 1, "alive": 2, "val": val, "ask": ask,
-            "down": down, "hold": down + 1, "up": down + 2, "vocab_size": down + 3}
+def variable_dips_layout(levels: int, num_values: int) -> dict[str, int]:
+    """Id offsets of `variable_dips` (r levels, V names): PAD 0, HELD 1, FELL 2, DOWN 3, UP 4,
+    KEY(v) = 5 + v (v < V), ASK(v, j) = 5 + V + v r + j - 1 (j = 1..r); vocab_size = 5 + V + V r."""
+    key = 5
+    ask = key + num_values
+    return {"held": 1, "fell": 2, "down": 3, "up": 4, "key": key, "ask": ask,
+            "vocab_size": ask + num_values * levels}
 
 
-def _variable_dips_row(rng, rungs, num_values, num_dips, num_queries):
-    layout = variable_dips_layout(rungs, num_values)
-    values = rng.choice(num_values, size=rungs, replace=False)
-    tokens = [layout["val"] + int(v) for v in values]
-    targets = [PAD] * rungs
-    mask = [False] * rungs
-    events = np.array([True] * num_dips + [False] * num_queries)
-    rng.shuffle(events)
-    lowest = rungs  # the deepest level reached so far; rung i (1-based) is alive iff i <= lowest
-    for is_dip in events:
-        if is_dip:
-            depth = int(rng.integers(0, rungs + 1))
-            lowest = min(lowest, depth)
-            hold = int(rng.integers(1, 3))
-            steps = rungs - depth
-            dip = [layout["down"]] * steps + [layout["hold"]] * (hold - 1) + [layout["up"]] * steps
-            tokens += dip
-            targets += [PAD] * len(dip)
-            mask += [False] * len(dip)
-        else:
-            rung = int(rng.integers(0, rungs))  # 0-based: rung index rung + 1
-            tokens.append(layout["ask"] + int(values[rung]))
-            targets.append(layout["alive"] if rung + 1 <= lowest else layout["dead"])
-            mask.append(True)
+def dip_steps(rng: np.random.Generator, depth: int, wiggles: int, fixed: bool) -> list[int]:
+    """The steps of one dip from the surface back to it, +1 one level down (DOWN), -1 one level
+    up (UP), whose deepest point is exactly `depth` levels below the surface: DOWN^depth
+    UP^depth with `wiggles` pairs inserted. fixed: every pair is (UP DOWN) at the bottom, so the
+    dip is DOWN^depth (UP DOWN)^wiggles UP^depth. Else each pair goes, in turn, at a uniformly
+    random place among the valid (place, kind) choices: (UP DOWN) where the dip is at least one
+    level down, (DOWN UP) where it is above its deepest point; so the dip never leaves the
+    levels between the surface and its deepest point, and its time at each level varies."""
+    if fixed:
+        return [1] * depth + [-1, 1] * wiggles + [-1] * depth
+    steps = [1] * depth + [-1] * depth
+    for _ in range(wiggles):
+        below = np.concatenate([[0], np.cumsum(steps)])     # levels below the surface
+        choices = [(i, kind) for i, x in enumerate(below) for kind in (-1, 1)
+                   if (kind == -1 and x >= 1) or (kind == 1 and x < depth)]
+        i, kind = choices[int(rng.integers(len(choices)))]
+        steps[i:i] = [kind, -kind]
+    return steps
+
+
+def _variable_dips_row(rng, levels, num_keys, num_values, max_wiggles, fixed_duration,
+                       early_dip):
+    layout = variable_dips_layout(levels, num_values)
+    names = rng.choice(num_values, size=num_keys, replace=False)
+
+    def dip():
+        depth = int(rng.integers(1, levels + 1))
+        wiggles = max_wiggles if fixed_duration else int(rng.integers(0, max_wiggles + 1))
+        steps = dip_steps(rng, depth, wiggles, bool(fixed_duration))
+        return depth, [layout["down"] if step == 1 else layout["up"] for step in steps]
+
+    tokens = dip()[1] if early_dip else []
+    depth, dip_tokens = dip()
+    slot = int(rng.integers(1, num_keys + 1))          # keys before the dip: names[:slot]
+    tokens += [layout["key"] + int(v) for v in names[:slot]]
+    tokens += dip_tokens
+    tokens += [layout["key"] + int(v) for v in names[slot:]]
+    targets, mask = [PAD] * len(tokens), [False] * len(tokens)
+    bottom = levels - depth                             # the dip's deepest level
+    for index in rng.permutation(num_keys):
+        lowest = bottom if index < slot else levels     # lowest level since the key
+        threshold = bottom + 1 if bottom == 0 or rng.random() < 0.5 else bottom
+        tokens.append(layout["ask"] + int(names[index]) * levels + threshold - 1)
+        targets.append(layout["fell"] if lowest < threshold else layout["held"])
+        mask.append(True)
     return tokens, targets, mask
 
 
-def variable_dips(seed: int, num_sequences: int, rungs: int = 6, num_values: int | None = None,
-                  num_dips: int = 3, num_queries: int = 8) -> ProbeData:
-    """Variable-duration dips: which written rungs survive dips written as unit steps.
+def variable_dips(seed: int, num_sequences: int, levels: int = 6, num_keys: int = 4,
+                  num_values: int | None = None, max_wiggles: int = 8,
+                  fixed_duration: int = 0, early_dip: int = 1) -> ProbeData:
+    """Variable-duration dips: how deep did the level fall after a key, however long it took?
 
-    Write phase: r rung tokens VAL(v_1) .. VAL(v_r), v_i distinct, uniform from num_values
-    symbols (None: num_values = r, a permutation); rung i sits at level i. Then num_dips dips
-    and num_queries query tokens in random order. A dip to depth d (uniform in {0, .., r}) is
-    the tokens DOWN^(r-d), HOLD^(k-1), UP^(r-d) with k uniform in {1, 2}: the level falls by
-    one per DOWN from r, stays at its deepest value d for k tokens (the last DOWN plus k-1
-    HOLDs), and climbs back by one per UP. A rung i dies for good once the level falls below i.
-    ASK(v_i), i uniform in 1..r, is scored: target ALIVE if i <= min(r, depths of the dips so
-    far), else DEAD; queries occur only between dips. Layout: variable_dips_layout(r,
-    num_values).
+    The level starts at the surface r = `levels`. Write phase: num_keys tokens KEY(v) (names v
+    distinct, uniform from num_values symbols; None: num_values = num_keys) with one dip at a
+    uniformly random place after the first key (at least one key is written before it). The dip
+    is DOWN and UP tokens (the level falls / rises by one) from the surface back to it, whose
+    deepest level is exactly r - D, D uniform in 1..r (`dip_steps`): DOWN^D UP^D with w pairs
+    (UP DOWN) or (DOWN UP) inserted at random places between the surface and the bottom, w
+    uniform in 0..max_wiggles. fixed_duration=1 is the control: w = max_wiggles, all at the
+    bottom, so every dip of depth D is the same DOWN^D (UP DOWN)^w UP^D. early_dip=1: the
+    sequence opens with a second dip, drawn the same way, before any key is written, so it
+    bears on no answer (the tokens of the whole sequence say little about the dip after the
+    keys; only the tokens after a key do). Then one query
+    ASK(v, j) per key, in random order, scored: has the level been below j (1 <= j <= r) since
+    KEY(v) was written? Target FELL if the lowest level after the key, m (r - D for a key
+    before the dip, r after it), is below j, else HELD. Every threshold sits at the dip's
+    bottom: j = r - D + 1 or j = r - D with probability 1/2 each (j = 1 when D = r), for keys
+    before and after the dip alike. So an answer needs the depth D exactly and whether the
+    dip came after the key; D is in no token. Layout: variable_dips_layout(levels,
+    num_values); docs/experiments.md.
     """
-    num_values = rungs if num_values is None else num_values
-    _check_sizes("variable_dips", num_sequences=num_sequences, rungs=rungs,
-                 num_values=num_values, num_dips=num_dips, num_queries=num_queries)
-    if num_values < rungs:
-        raise ValueError(f"variable_dips: num_values must be >= rungs ({rungs}), got {num_values}")
+    num_values = num_keys if num_values is None else num_values
+    _check_sizes("variable_dips", num_sequences=num_sequences, levels=levels,
+                 num_keys=num_keys, num_values=num_values)
+    if num_values < num_keys:
+        raise ValueError(f"variable_dips: num_values must be >= num_keys ({num_keys}), "
+                         f"got {num_values}")
+    if max_wiggles < 0 or fixed_duration not in (0, 1) or early_dip not in (0, 1):
+        raise ValueError(f"variable_dips: need max_wiggles >= 0 and fixed_duration, early_dip "
+                         f"0 or 1, got {max_wiggles}, {fixed_duration}, {early_dip}")
     rng = np.random.default_rng(seed)
-    rows = [_variable_dips_row(rng, rungs, num_values, num_dips, num_queries)
-            for _ in range(num_sequences)]
-    return _pack(rows, variable_dips_layout(rungs, num_values)["vocab_size"])
+    rows = [_variable_dips_row(rng, levels, num_keys, num_values, max_wiggles, fixed_duration,
+                               early_dip) for _ in range(num_sequences)]
+    return _pack(rows, variable_dips_layout(levels, num_values)["vocab_size"])
+
+
+# ----------------------------------------------------------------------------------------------
+# Live names
+# ----------------------------------------------------------------------------------------------
+
+
+def live_names_layout(levels: int, num_values: int) -> dict[str, int]:
+    """Id offsets of `live_names` (r levels, V names): PAD 0, DEAD 1, ALIVE 2,
+    KEY(v, l) = 3 + (l - 1) V + v (level l in 1..r, name v < V), DIP(d) = 3 + r V + d
+    (d = 0..r-1), ASK(v) = 3 + r V + r + v; vocab_size = 3 + r V + r + V."""
+    key = 3
+    dip = key + levels * num_values
+    ask = dip + levels
+    return {"dead": 1, "alive": 2, "key": key, "dip": dip, "ask": ask,
+            "vocab_size": ask + num_values}
+
+
+def live_names(seed: int, num_sequences: int, levels: int = 12, num_keys: int = 8,
+               num_values: int | None = 12, num_dips: int = 3) -> ProbeData:
+    """Live names: which names occur among the keys that are still alive?
+
+    Write phase: num_keys tokens KEY(v, l) (names v distinct, uniform from num_values symbols,
+    None: num_values = num_keys; levels l uniform in 1..r, r = `levels`) and num_dips tokens
+    DIP(d) (d uniform in 0..r-1), in uniformly random order. DIP(d) kills for good every key
+    written before it whose level is above d. Then one query ASK(v) per key, in random order,
+    scored: target ALIVE if the key named v is alive (no later dip falls below its level),
+    else DEAD. The write order is random, so a key's level is stated in its own token only
+    (the position says nothing about it), and a query names the key by content only; with
+    more names than a head's values can hold as a set, the name must be matched by content.
+    Layout: live_names_layout(levels, num_values); docs/experiments.md.
+    """
+    num_values = num_keys if num_values is None else num_values
+    _check_sizes("live_names", num_sequences=num_sequences, levels=levels, num_keys=num_keys,
+                 num_values=num_values, num_dips=num_dips)
+    if num_values < num_keys:
+        raise ValueError(f"live_names: num_values must be >= num_keys ({num_keys}), "
+                         f"got {num_values}")
+    layout = live_names_layout(levels, num_values)
+    rng = np.random.default_rng(seed)
+    rows = []
+    for _ in range(num_sequences):
+        names = rng.choice(num_values, size=num_keys, replace=False)
+        key_levels = rng.integers(1, levels + 1, size=num_keys)
+        events = np.array([True] * num_keys + [False] * num_dips)   # True: a key
+        rng.shuffle(events)
+        tokens, alive, key_index = [], {}, 0
+        for is_key in events:
+            if is_key:
+                name, level = int(names[key_index]), int(key_levels[key_index])
+                tokens.append(layout["key"] + (level - 1) * num_values + name)
+                alive[name] = level
+                key_index += 1
+            else:
+                depth = int(rng.integers(0, levels))
+                tokens.append(layout["dip"] + depth)
+                alive = {name: level for name, level in alive.items() if level <= depth}
+        targets, mask = [PAD] * len(tokens), [False] * len(tokens)
+        for index in rng.permutation(num_keys):
+            tokens.append(layout["ask"] + int(names[index]))
+            targets.append(layout["alive"] if int(names[index]) in alive else layout["dead"])
+            mask.append(True)
+        rows.append((tokens, targets, mask))
+    return _pack(rows, layout["vocab_size"])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -509,6 +607,7 @@ class Task(NamedTuple):
 TASKS: dict[str, Task] = {
     "ladder": Task(ladder, 0.95),
     "variable_dips": Task(variable_dips, 0.95),
+    "live_names": Task(live_names, 0.95, {"steps": 4000}),
     "two_walks": Task(two_walks, 0.95, {"num_heads": 2, "head_dim": 2}),
     "push_pop": Task(push_pop, 0.95),
     "flip_flop": Task(flip_flop, 0.99),
@@ -531,7 +630,8 @@ def task_sizes(name: str) -> dict[str, object]:
 # Sizes whose default None is derived from the others (as each generator's docstring says).
 _DERIVED_SIZES: dict[str, Callable[[dict], dict]] = {
     "ladder": lambda s: {"num_values": s["rungs"]},
-    "variable_dips": lambda s: {"num_values": s["rungs"]},
+    "variable_dips": lambda s: {"num_values": s["num_keys"]},
+    "live_names": lambda s: {"num_values": s["num_keys"]},
     "two_walks": lambda s: {"num_values": 2 * s["rungs"]},
 }
 
