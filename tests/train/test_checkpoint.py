@@ -1,4 +1,4 @@
-"""Tests for train/checkpoint.py: round trips, retention, corruption, kills, resharding, signals."""
+"""Tests for train/checkpoint/manager.py: round trips, retention, corruption, kills, resharding, signals."""
 
 import gc
 import json
@@ -19,20 +19,12 @@ import optax
 import pytest
 
 from tests.devices import xla_flags
-from train.checkpoint import (
-    QUARANTINE_DIRNAME,
-    TMP_MARKER,
-    Checkpointer,
-    NoReadableCheckpointError,
-    RunConfigError,
-    UnreadableCheckpointError,
-    decode_iterator_state,
-    encode_iterator_state,
-    install_preemption_handler,
-    load_run_config,
-    save_run_files,
-)
-from train.tokenizer import ByteTokenizer
+from train.checkpoint.manager import (QUARANTINE_DIRNAME, TMP_MARKER, Checkpointer,
+                                      NoReadableCheckpointError, RunConfigError,
+                                      UnreadableCheckpointError, decode_iterator_state,
+                                      encode_iterator_state, install_preemption_handler,
+                                      load_run_config, save_run_files)
+from train.data.tokenizer import ByteTokenizer
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -176,7 +168,7 @@ def _largest_file(step_dir):
 
 @pytest.mark.parametrize("damage", ["delete", "truncate", "overwrite", "record"])
 def test_corrupt_latest_step_falls_back(tmp_path, caplog, damage):
-    caplog.set_level(logging.WARNING, logger="train.checkpoint")
+    caplog.set_level(logging.WARNING, logger="train.checkpoint.manager")
     states = {step: _train_state(step) for step in (3, 6)}
     with Checkpointer(tmp_path, save_interval_steps=3, max_to_keep=3) as checkpointer:
         for step, state in states.items():
@@ -306,7 +298,7 @@ _KILLED_SAVE = """
     import asyncio, time
     import jax, jax.numpy as jnp
     from orbax.checkpoint._src.path import atomicity
-    from train.checkpoint import Checkpointer
+    from train.checkpoint.manager import Checkpointer
 
     def state(step):
         return {"w": jnp.full((256, 256), float(step)), "step": jnp.int32(step)}
@@ -326,7 +318,7 @@ _KILLED_SAVE = """
 
 
 def test_kill_during_async_save_keeps_previous_step(tmp_path, caplog):
-    caplog.set_level(logging.WARNING, logger="train.checkpoint")
+    caplog.set_level(logging.WARNING, logger="train.checkpoint.manager")
     env = dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu")
     code = textwrap.dedent(_KILLED_SAVE).replace("{directory}", str(tmp_path))
     child = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
@@ -360,7 +352,7 @@ _RESHARD = """
     import json
     import jax, jax.numpy as jnp, numpy as np
     from jax.sharding import NamedSharding, PartitionSpec as P, SingleDeviceSharding
-    from train.checkpoint import Checkpointer
+    from train.checkpoint.manager import Checkpointer
 
     assert jax.device_count() == 4
     def expected():
@@ -431,7 +423,7 @@ def test_restore_onto_other_device_counts(tmp_path):
 _PREEMPTED_LOOP = """
     import os, sys, time
     import jax.numpy as jnp
-    from train.checkpoint import Checkpointer, install_preemption_handler
+    from train.checkpoint.manager import Checkpointer, install_preemption_handler
 
     directory = "{directory}"
     with Checkpointer(directory, save_interval_steps=1000) as checkpointer, \\
@@ -480,7 +472,7 @@ def test_preemption_flag_in_process():
 
 
 def test_run_files_written_once(tmp_path, caplog):
-    caplog.set_level(logging.INFO, logger="train.checkpoint")
+    caplog.set_level(logging.INFO, logger="train.checkpoint.manager")
     config = {"model": {"width": 64, "layers": (2, 3)}, "path": tmp_path}
     save_run_files(tmp_path, config=config, tokenizer=ByteTokenizer())
     save_run_files(tmp_path, config=config, tokenizer=ByteTokenizer())

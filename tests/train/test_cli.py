@@ -19,13 +19,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import train.session
+import train.core.session
 from tests.train import tiny_run
-from train.cli import EXIT_DIVERGED, EXIT_PREEMPTED, main
-from train.config import load_config
-from train.metrics import read_metrics
-from train.runs import (RunLockedError, checkpoint_dir, checkpoint_steps, claimed_run_dir,
-                        default_run_dir, restore_run_state, run_lock)
+from train.cli import EXIT_DIVERGED, EXIT_PREEMPTED
+from train.cli.entry import main
+from train.core.config import load_config
+from train.core.metrics import read_metrics
+from train.core.runs import (RunLockedError, checkpoint_dir, checkpoint_steps, claimed_run_dir,
+                             default_run_dir, restore_run_state, run_lock)
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = [*tiny_run.TINY, "train.tensorboard=false"]
@@ -135,7 +136,7 @@ def test_a_genuine_bug_keeps_its_traceback_and_v_shows_user_errors(monkeypatch, 
     def broken(*args, **kwargs):
         raise ZeroDivisionError("a bug")
 
-    monkeypatch.setattr("train.fit.fit", broken)
+    monkeypatch.setattr("train.core.fit.fit", broken)
     with pytest.raises(ZeroDivisionError):
         main(["fit", "tiny_softmax", "--run-dir", str(tmp_path / "r")])
     assert main(["-v", "eval", str(tmp_path / "nowhere")]) == 1    # -v: the traceback first
@@ -166,7 +167,7 @@ def test_a_bugs_value_error_while_setting_up_a_run_keeps_its_traceback(
     def broken_session(*args, **kwargs):
         return np.zeros(3) + np.zeros(4)
 
-    monkeypatch.setattr("train.fit.build_session", broken_session)
+    monkeypatch.setattr("train.core.fit.build_session", broken_session)
     with pytest.raises(ValueError, match="broadcast"):
         main(["fit", "tiny_softmax", *overrides(corpus, "train.steps=2"),
               "--run-dir", str(tmp_path / "r")])
@@ -232,7 +233,7 @@ def test_one_writer_per_run_dir_and_a_dead_holders_lock_is_stale(tmp_path):
 def test_a_process_refused_the_lock_leaves_the_holders_new_dir_alone(tmp_path, monkeypatch):
     """Two processes start on a fresh directory at once: the winner creates it and holds the
     lock; the loser saw no directory before, yet must not remove the winner's."""
-    import train.runs as runs
+    import train.core.runs as runs
     run_dir = tmp_path / "fresh"
 
     @contextlib.contextmanager
@@ -253,7 +254,7 @@ def test_a_filesystem_without_locks_warns_and_runs(tmp_path, monkeypatch, caplog
     def no_locks(fd, operation):
         raise OSError(errno.ENOLCK, "No locks available")
 
-    monkeypatch.setattr("train.runs.fcntl.flock", no_locks)
+    monkeypatch.setattr("train.core.runs.fcntl.flock", no_locks)
     with run_lock(tmp_path / "nfs"):
         pass
     assert "does not support locks" in caplog.text
@@ -264,7 +265,7 @@ def test_a_filesystem_without_locks_warns_and_runs(tmp_path, monkeypatch, caplog
 @pytest.fixture
 def nan_at_step_3(monkeypatch):
     """The train step returns a NaN loss and NaN parameters at step 3 (0-based state step 2)."""
-    original = train.session.make_train_step
+    original = train.core.session.make_train_step
 
     def make_train_step(*args):
         step_fn = original(*args)
@@ -278,7 +279,7 @@ def nan_at_step_3(monkeypatch):
 
         return poisoned
 
-    monkeypatch.setattr(train.session, "make_train_step", make_train_step)
+    monkeypatch.setattr(train.core.session, "make_train_step", make_train_step)
 
 
 @pytest.mark.slow
@@ -295,9 +296,9 @@ def test_divergence_stops_before_checkpointing_or_skips(tmp_path, corpus, capsys
     out = capsys.readouterr().out
     assert out.startswith(f"new run in {skip_dir}") and "1 non-finite skipped" in out
     assert [r["step"] for r in read_metrics(skip_dir) if r["kind"] == "skipped"] == [3]
-    from train.runs import load_run
+    from train.core.runs import load_run
     config, tokenizer = load_run(skip_dir)
-    restored = restore_run_state(skip_dir, train.session.build_session(config, tokenizer.vocab_size))
+    restored = restore_run_state(skip_dir, train.core.session.build_session(config, tokenizer.vocab_size))
     assert restored.step == 6
     assert all(np.all(np.isfinite(np.asarray(x))) for x in jax.tree.leaves(restored.state))
     # the count is the run's, not the process's: a resumed run still reports the skipped step
@@ -310,7 +311,7 @@ def test_an_update_that_overflows_the_parameters_is_never_checkpointed(
         tmp_path, corpus, capsys, monkeypatch):
     """Step 3's update makes the parameters inf while its loss and gradients are finite: with a
     checkpoint every step and one kept, the good step-2 checkpoint must stay."""
-    original = train.session.make_train_step
+    original = train.core.session.make_train_step
 
     def make_train_step(*args):
         step_fn = original(*args)
@@ -322,7 +323,7 @@ def test_an_update_that_overflows_the_parameters_is_never_checkpointed(
 
         return overflowing
 
-    monkeypatch.setattr(train.session, "make_train_step", make_train_step)
+    monkeypatch.setattr(train.core.session, "make_train_step", make_train_step)
     run_dir = tmp_path / "run"
     argv = ["fit", "tiny_softmax", *overrides(corpus, "train.steps=5", "train.checkpoint_every=1",
                                                 "train.keep_checkpoints=1"),
@@ -331,9 +332,9 @@ def test_an_update_that_overflows_the_parameters_is_never_checkpointed(
     line = error_line(capsys, after_progress=True)
     assert "parameters after the update at step 3" in line and "checkpoint step 2" in line
     assert checkpoint_steps(run_dir) == [2]
-    from train.runs import load_run
+    from train.core.runs import load_run
     config, tokenizer = load_run(run_dir)
-    restored = restore_run_state(run_dir, train.session.build_session(config, tokenizer.vocab_size))
+    restored = restore_run_state(run_dir, train.core.session.build_session(config, tokenizer.vocab_size))
     assert all(np.all(np.isfinite(np.asarray(x))) for x in jax.tree.leaves(restored.state))
 
 
@@ -418,7 +419,7 @@ def test_sigterm_exits_75_after_checkpoint_and_rerunning_resumes(tmp_path, corpu
     assert rc == EXIT_PREEMPTED and checkpoint_steps(run_dir)[-1] > steps[0]
 
     import orbax.checkpoint as ocp                   # the record names the real command line
-    from train.checkpoint import Checkpointer
+    from train.checkpoint.manager import Checkpointer
     with Checkpointer(checkpoint_dir(run_dir), read_only=True) as checkpointer:
         record = checkpointer._manager.restore(
             checkpoint_steps(run_dir)[-1],
@@ -433,16 +434,16 @@ def test_a_signal_before_the_first_step_exits_with_its_code_and_leaves_no_run_di
     and the fresh run directory removed; SIGINT there: 130. The caller's handler comes back."""
     received = []
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: received.append(signum))
-    import train.fit
+    import train.core.fit
 
-    original = train.fit.build_session
+    original = train.core.fit.build_session
     sent = []
 
     def build_session_then_signal(*args, **kwargs):
         os.kill(os.getpid(), sent[-1])
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(train.fit, "build_session", build_session_then_signal)
+    monkeypatch.setattr(train.core.fit, "build_session", build_session_then_signal)
     try:
         for signum, code, message in ((signal.SIGTERM, EXIT_PREEMPTED, "stopped by SIGTERM"),
                                       (signal.SIGINT, 130, "interrupted")):
@@ -460,10 +461,10 @@ def test_a_signal_before_the_first_step_exits_with_its_code_and_leaves_no_run_di
 def test_bench_refuses_a_step_that_cannot_fit_and_maps_out_of_memory(tmp_path, capsys, monkeypatch):
     """`bench` (how an operator tries a batch or context length) checks the memory estimate
     before compiling and turns XLA's out-of-memory into one line, as `fit` does."""
-    import train.bench
+    import train.tools.bench
 
     argv = ["bench", "tiny_softmax", *TINY, "--steps", "1", "--out", str(tmp_path / "b.json")]
-    monkeypatch.setattr("train.bench.device_memory_bytes", lambda: 2**16)
+    monkeypatch.setattr("train.tools.bench.device_memory_bytes", lambda: 2**16)
     assert main([*argv, "--context", "64"]) == 1
     line = error_line(capsys)
     assert line.startswith("error: the train step needs at least") and "64.00 KiB" in line
@@ -475,14 +476,14 @@ def test_bench_refuses_a_step_that_cannot_fit_and_maps_out_of_memory(tmp_path, c
             raise jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to "
                                              "allocate 9.00GiB.\nmore")
 
-    original = train.bench.build_session
+    original = train.tools.bench.build_session
 
     def build_session_that_runs_out(*args, **kwargs):
         session = original(*args, **kwargs)
         session.train_step = RunsOutOfMemory()
         return session
 
-    monkeypatch.setattr(train.bench, "build_session", build_session_that_runs_out)
+    monkeypatch.setattr(train.tools.bench, "build_session", build_session_that_runs_out)
     assert main(argv) == 1
     line = error_line(capsys)
     assert line.startswith("error: out of device memory (could not allocate ")

@@ -9,7 +9,7 @@ import pytest
 
 from tests.seeds import case_seed
 from tests.train import tiny_run
-from train.cli import build_parser, main
+from train.cli.entry import build_parser, main
 
 
 def one_error_line(text):

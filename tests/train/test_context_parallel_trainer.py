@@ -25,17 +25,17 @@ import pytest
 
 from tests.devices import run_on_cpu_devices
 from tests.seeds import case_seed
-from train.config import ConfigError, load_config, validate_for_devices
-from train.memory import activation_bytes_per_token, estimate_train_memory
-from train.sharding import check_rows_per_process, make_mesh
+from train.core.config import ConfigError, load_config, validate_for_devices
+from train.core.memory import activation_bytes_per_token, estimate_train_memory
+from train.core.sharding import check_rows_per_process, make_mesh
 
 SCRIPT = textwrap.dedent("""
     import json, re, sys
     import jax, numpy as np
-    from train.config import load_config
-    from train.session import build_session, to_global
-    from train.sharding import make_mesh, mesh_context
-    from train.step import masked_mean, token_losses
+    from train.core.config import load_config
+    from train.core.session import build_session, to_global
+    from train.core.sharding import make_mesh, mesh_context
+    from train.core.step import masked_mean, token_losses
 
     assert jax.device_count() == 8
     seed = int(sys.argv[1])
@@ -61,7 +61,7 @@ SCRIPT = textwrap.dedent("""
         session = build_session(config, 257, mesh)
         model, shardings = session.model, session.state_shardings["params"]
 
-        def loss(params, batch):   # the train step's loss (train/step.py)
+        def loss(params, batch):   # the train step's loss (train/core/step.py)
             terms = token_losses(model, params, batch)
             return masked_mean(terms["losses"] + terms["aux"], terms["mask"])
 

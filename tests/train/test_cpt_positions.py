@@ -1,4 +1,4 @@
-"""Attention positions when extending (fpa_jax/baselines/rope_scaling.py, train/cpt.py
+"""Attention positions when extending (fpa_jax/baselines/rope_scaling.py, train/experiments/cpt.py
 extended_attention): YaRN's frequencies against hand-computed values, YaRN with factor 1 = RoPE,
 relative positions kept, ABF's base, DroPE = NoPE outputs, and the refusals."""
 
@@ -14,8 +14,8 @@ from fpa_jax.baselines.rope_scaling import (YarnScaling, abf_base, rotate_yarn,
                                             yarn_attention_factor, yarn_frequencies)
 from fpa_jax.layers.softmax import SoftmaxAttention
 from tests.seeds import case_seed
-from train.config import ConfigError, load_config
-from train.cpt import extended_attention
+from train.core.config import ConfigError, load_config
+from train.experiments.cpt import extended_attention
 
 HYBRID = ["model.pattern=GA", "model.num_layers=2", "attention.kind=softmax",
           "attention.position=rope", "attention.num_heads=2", "attention.head_dim=16"]
@@ -85,7 +85,7 @@ def test_abf_and_drope_configs():
 
     drope = _extended([], ["cpt.positions=drope"])
     assert drope.attention.position == "nope"
-    from train.model import build_mixer
+    from train.core.model import build_mixer
 
     rng = np.random.default_rng(case_seed(1405))
     x = jnp.asarray(rng.normal(size=(1, 11, 64)), jnp.float32)

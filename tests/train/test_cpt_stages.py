@@ -1,4 +1,4 @@
-"""Staged SpectralShift extension end to end (train/stages.py, train/cpt.py), in a subprocess:
+"""Staged SpectralShift extension end to end (train/experiments/stages.py, train/experiments/cpt.py), in a subprocess:
 a 1-layer GDN reference at context 16, then stages a (16 -> 32) and b (32 -> 64). Stage a is
 stopped by SIGTERM after 2 of its 4 steps and the same curriculum run again: a resumes without shifting
 again, b shifts relative to a's final checkpoint. Every train step probes the optimizer the
@@ -33,9 +33,9 @@ DRIVER = textwrap.dedent("""
     import json, os, signal, sys
     import jax, jax.numpy as jnp, numpy as np
     options = json.loads(sys.argv[1])
-    from train import fit
-    from train.config import load_config
-    from train.stages import load_curriculum, run_curriculum
+    from train.core import fit
+    from train.core.config import load_config
+    from train.experiments.stages import load_curriculum, run_curriculum
 
     original_build, calls = fit.build_session, [0]
 
@@ -71,7 +71,7 @@ DRIVER = textwrap.dedent("""
                                            "preempted": r.preempted} for name, r in results}))
         else:
             import contextlib, io
-            from train.cli import main
+            from train.cli.entry import main
             error = io.StringIO()
             with contextlib.redirect_stderr(error):
                 rc = main(phase)
@@ -97,8 +97,8 @@ def write_corpus(root: Path, seed: int) -> Path:
 
 
 def alpha_kernel(run_dir):
-    from train.runs import load_run, restore_run_state
-    from train.session import build_session
+    from train.core.runs import load_run, restore_run_state
+    from train.core.session import build_session
 
     config, tokenizer = load_run(run_dir)
     restored = restore_run_state(run_dir, build_session(config, tokenizer.vocab_size))
@@ -113,7 +113,7 @@ def shifted(weight, s):
 @pytest.mark.slow
 def test_staged_extension_shifts_once_per_stage(tmp_path, environment):
     from tests.seeds import case_seed
-    from train.cli import main
+    from train.cli.entry import main
 
     corpus = write_corpus(tmp_path / "corpus", case_seed(1401))
     common = GDN + [f"data.source={corpus}"]
@@ -168,7 +168,7 @@ def test_staged_extension_shifts_once_per_stage(tmp_path, environment):
     np.testing.assert_allclose([r["ratio"] for r in by_run["b"]], s_b, rtol=1e-6)
 
     # re-running a finished curriculum does nothing; spectra compares the reference with b
-    from train.stages import load_curriculum, run_curriculum
+    from train.experiments.stages import load_curriculum, run_curriculum
 
     assert run_curriculum(load_curriculum(str(curriculum)), out, report=lambda line: None) \
         == [("a", None), ("b", None)]
@@ -185,7 +185,7 @@ def test_staged_extension_shifts_once_per_stage(tmp_path, environment):
                          ids=lambda p: p.stem)
 def test_every_shipped_curriculum_plans(path, tmp_path):
     """Each preset curriculum parses and every stage's config validates (nothing runs)."""
-    from train.stages import load_curriculum, plan
+    from train.experiments.stages import load_curriculum, plan
     curriculum = load_curriculum(str(path))
     planned = plan(curriculum, tmp_path, reference=str(tmp_path / "pretrained"))
     assert [p.stage.name for p in planned] == [s.name for s in curriculum.stages]

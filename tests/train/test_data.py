@@ -1,4 +1,4 @@
-"""Tests for train/data.py and train/tokenizer.py: packing, splits, sharding, state, shards, BPE."""
+"""Tests for train/data/pipeline.py and train/data/tokenizer.py: packing, splits, sharding, state, shards, BPE."""
 
 import itertools
 import pickle
@@ -9,16 +9,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from train.checkpoint import Checkpointer, decode_iterator_state, encode_iterator_state
-from train.data import (
-    make_dataset,
-    process_document_indices,
-    resolve_source,
-    split_document_indices,
-    split_inputs_and_targets,
-    write_arrayrecord_shards,
-)
-from train.tokenizer import BPE_EOS_TOKEN, ByteTokenizer, load_tokenizer, train_bpe
+from train.checkpoint.manager import Checkpointer, decode_iterator_state, encode_iterator_state
+from train.data.pipeline import (make_dataset, process_document_indices, resolve_source,
+                                 split_document_indices, split_inputs_and_targets,
+                                 write_arrayrecord_shards)
+from train.data.tokenizer import BPE_EOS_TOKEN, ByteTokenizer, load_tokenizer, train_bpe
 
 BYTE = ByteTokenizer()
 LETTERS = string.ascii_letters + string.digits  # 62 one-byte symbols, one per document

@@ -1,5 +1,5 @@
 """data.shuffle="global" (issue 11, item 9): grain's per-epoch index shuffle over every packed
-row (`train.data.PackedRows`), against the window shuffle whose neighbouring rows come from
+row (`train.data.pipeline.PackedRows`), against the window shuffle whose neighbouring rows come from
 one stretch of the stream."""
 
 import re
@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from tests.seeds import case_seed
-from train.config import ConfigError, load_config
-from train.data import PackedRows, _DocumentTokens, make_dataset, resolve_source
-from train.tokenizer import ByteTokenizer
+from train.core.config import ConfigError, load_config
+from train.data.pipeline import PackedRows, _DocumentTokens, make_dataset, resolve_source
+from train.data.tokenizer import ByteTokenizer
 
 BYTE = ByteTokenizer()
 SEQ_LEN = 15                       # rows of 16 tokens
@@ -118,7 +118,7 @@ def test_global_shuffle_over_arrayrecord_shards_matches_the_text_source(long_doc
     record to size the rows; without the counts (older shards) it reads them: same rows."""
     import json
 
-    from train.data import write_arrayrecord_shards
+    from train.data.pipeline import write_arrayrecord_shards
 
     out = tmp_path / "shards"
     write_arrayrecord_shards(source=str(long_documents), tokenizer=BYTE, out_dir=out,
@@ -144,8 +144,8 @@ def test_resuming_in_the_other_shuffle_mode_is_refused(tmp_path):
     "window" runs); before the first checkpoint the mode may still change."""
     import json
 
-    from train.checkpoint import save_run_files
-    from train.fit import RunSetupError, _check_data_order
+    from train.checkpoint.manager import save_run_files
+    from train.core.fit import RunSetupError, _check_data_order
 
     global_, window = load_config(None, []), load_config(None, ["data.shuffle=window"])
     save_run_files(tmp_path, config=global_.to_dict())

@@ -9,7 +9,7 @@ from tests.train.test_step import (LOSS_MASK, SEGMENT_IDS, hand_losses, jitted_s
                                    model_and_params, packed_batch, trainer_view)
 from tests.seeds import case_seed
 from tests.train.tiny_run import fit_tiny_run
-from train.evaluate import evaluate_run
+from train.core.evaluate import evaluate_run
 
 KIND = "softmax"
 

@@ -11,12 +11,13 @@ import pytest
 from flax import traverse_util
 
 from tests.seeds import case_seed
-from train import export
-from train.cli import build_parser
-from train.config import load_config
-from train.export_cli import command_export
-from train.export_layout import expected_layout
-from train.safetensors_file import read_safetensors, read_safetensors_header, write_safetensors
+from train.tools import export
+from train.cli.entry import build_parser
+from train.core.config import load_config
+from train.cli.export import command_export
+from train.tools.export_layout import expected_layout
+from train.tools.safetensors_file import (read_safetensors, read_safetensors_header,
+                                          write_safetensors)
 
 VOCAB = 48
 BASE = ["model.d_model=32", "model.num_layers=2", "attention.num_heads=2", "attention.head_dim=16",
@@ -328,7 +329,7 @@ def fla_convention_logits(out_dir, tokens):
 
 @pytest.mark.parametrize("name", ["fox", "softmax", "gdn_softmax_hybrid"])
 def test_fla_convention_forward_matches_the_jax_model(name, tmp_path):
-    from train.model import LanguageModel
+    from train.core.model import LanguageModel
 
     config = load_config(None, BASE + MODELS[name][0] + ["gdn.implementation=reference"])
     params = random_params(config, case_seed(51 + len(name)))

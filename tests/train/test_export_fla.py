@@ -14,8 +14,8 @@ from flax import traverse_util
 
 from benchmarks import verify_export_fla as verify
 from tests.seeds import case_seed
-from train import export
-from train.config import load_config
+from train.tools import export
+from train.core.config import load_config
 
 VOCAB = 48
 BASE = ["model.d_model=32", "model.num_layers=2", "attention.num_heads=2", "attention.head_dim=16",
@@ -95,7 +95,7 @@ def test_fp32_verdict_tells_rounding_from_a_mismatch():
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_float64_oracle_gives_the_jax_logits(family, tmp_path):
     """The script's float64 forward in fla's conventions (f64_logits) against the JAX model."""
-    from train.model import LanguageModel
+    from train.core.model import LanguageModel
 
     config = load_config(None, BASE + FAMILIES[family] + ["gdn.implementation=reference"])
     rng = np.random.default_rng(case_seed(200 + sorted(FAMILIES).index(family)))
@@ -148,7 +148,7 @@ def test_fla_model_classes_give_the_jax_logits(family, fla_on_cpu, tmp_path):
     import torch
     from safetensors.numpy import load_file
 
-    from train.model import LanguageModel
+    from train.core.model import LanguageModel
 
     config = load_config(None, BASE + FAMILIES[family] + ["gdn.implementation=reference"])
     rng = np.random.default_rng(case_seed(100 + sorted(FAMILIES).index(family)))

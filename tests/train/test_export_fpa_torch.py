@@ -14,13 +14,13 @@ import pytest
 from flax import traverse_util
 
 from tests.seeds import case_seed
-from train import export
+from train.tools import export
 from tests.train import tiny_run
-from train.cli import build_parser, main
-from train.config import load_config
-from train.export_cli import command_export
-from train.export_layout import expected_layout
-from train.safetensors_file import read_safetensors
+from train.cli.entry import build_parser, main
+from train.core.config import load_config
+from train.cli.export import command_export
+from train.tools.export_layout import expected_layout
+from train.tools.safetensors_file import read_safetensors
 
 VOCAB = 64
 LENGTH = 37
@@ -168,7 +168,7 @@ def load_torch_model(out):
 
 
 def test_torch_logits_match_the_jax_model(exported):
-    from train.model import LanguageModel
+    from train.core.model import LanguageModel
 
     config, params, out = exported
     torch, model = load_torch_model(out)

@@ -9,8 +9,8 @@ import pytest
 
 from tests.seeds import case_seed
 from tests.train import tiny_run
-from train.cli import build_parser, main
-from train.tokenizer import ByteTokenizer
+from train.cli.entry import build_parser, main
+from train.data.tokenizer import ByteTokenizer
 
 
 @pytest.fixture(scope="module")

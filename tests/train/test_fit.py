@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from train.metrics import read_metrics
+from train.core.metrics import read_metrics
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -23,7 +23,7 @@ TINY = ["model.d_model=32", "model.num_layers=2", "attention.kind=softmax",
         "optim.warmup_steps=2", "optim.lr=3e-3", "train.log_every=1", "train.eval_batches=2",
         "train.position_buckets=4"]
 
-# Runs `train.fit.fit` (or `train.cpt.continued_pretraining`) for each of options["runs"], with
+# Runs `train.core.fit.fit` (or `train.experiments.cpt.continued_pretraining`) for each of options["runs"], with
 # optional fault injection:
 #   sigterm_after_steps: the process sends itself SIGTERM after that many train steps
 #   sigkill_in_save: SIGKILL inside the n-th checkpoint save of the process, after the save
@@ -31,8 +31,10 @@ TINY = ["model.d_model=32", "model.num_layers=2", "attention.kind=softmax",
 DRIVER = textwrap.dedent("""
     import json, os, signal, sys
     options = json.loads(sys.argv[1])
-    from train import checkpoint, cpt, fit
-    from train.config import load_config
+    from train.checkpoint import manager as checkpoint
+    from train.experiments import cpt
+    from train.core import fit
+    from train.core.config import load_config
 
     if options.get("sigterm_after_steps"):
         original_build = fit.build_session
@@ -166,7 +168,7 @@ def test_interrupted_runs_resume_exactly(tmp_path, corpus, environment):
     written = json.loads((straight_dir / "eval-step8-len32.json").read_text())
     np.testing.assert_allclose(written["loss"], straight["eval_loss"], rtol=0, atol=1e-6)
 
-    from train.cli import main
+    from train.cli.entry import main
 
     assert main(["plot", str(straight_dir), "--out", str(tmp_path / "plots")]) == 0
     for name in ("loss.png", "position_loss.png"):
@@ -177,8 +179,8 @@ def test_interrupted_runs_resume_exactly(tmp_path, corpus, environment):
 def test_spectral_shift_cpt_applies_once(tmp_path, corpus, environment):
     """cpt from a 1-layer GDN reference, extending L_ref=16 to L_tar=64 (k=0.5 -> s=0.5): the
     alpha kernels start at mu + s (W - mu); a resumed cpt run does not shift them again."""
-    from train.runs import load_run, restore_run_state
-    from train.session import build_session
+    from train.core.runs import load_run, restore_run_state
+    from train.core.session import build_session
 
     gdn = ["model.d_model=32", "model.num_layers=1", "model.pattern=G", "gdn.num_heads=2",
            "gdn.head_dim=16", "gdn.implementation=reference", "data.batch_size=2",
@@ -214,7 +216,7 @@ def test_spectral_shift_cpt_applies_once(tmp_path, corpus, environment):
 
 
 def test_bench_command_reports_throughput_and_memory(tmp_path, capsys):
-    from train.cli import main
+    from train.cli.entry import main
 
     out = tmp_path / "bench.json"
     assert main(["bench", "tiny_softmax", "model.num_layers=1", "model.d_model=32",
@@ -228,8 +230,8 @@ def test_bench_command_reports_throughput_and_memory(tmp_path, capsys):
 
 
 def test_prepare_command_writes_shards_and_tokenizer(tmp_path, corpus, capsys):
-    from train.cli import main
-    from train.tokenizer import load_tokenizer
+    from train.cli.entry import main
+    from train.data.tokenizer import load_tokenizer
 
     out = tmp_path / "prepared"
     assert main(["prepare", "--source", str(corpus), "--out", str(out), "--vocab-size", "300",

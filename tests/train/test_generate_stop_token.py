@@ -11,7 +11,7 @@ import numpy as np
 
 from train.generate.driver import Generator
 from train.generate.sampling import SamplingConfig
-from train.generate_cli import _Streamer, _text
+from train.cli.generate import _Streamer, _text
 from tests.seeds import case_seed
 
 VOCAB, STOP = 8, 7

@@ -1,4 +1,4 @@
-"""The masked loss on the accumulation path (train/step.py, grad_accum > 1): positions the
+"""The masked loss on the accumulation path (train/core/step.py, grad_accum > 1): positions the
 loss mask drops add nothing to the loss, the gradient or the target count, even when a whole
 micro-batch is masked, and a batch with no scored target gives a zero loss and gradient.
 
@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from train.step import make_train_step, masked_mean, token_losses
+from train.core.step import make_train_step, masked_mean, token_losses
 from tests.seeds import case_seed
 
 VOCAB, L = 32, 7

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from tests.seeds import case_seed
-from train.config import load_config
-from train.lm_compare import MODELS, markdown_table, parse_arguments, plot, span_losses
+from train.core.config import load_config
+from train.experiments.lm_compare import MODELS, markdown_table, parse_arguments, plot, span_losses
 
 
 def test_span_losses_are_token_weighted_means_of_their_buckets():
@@ -65,7 +65,7 @@ def test_h200_models_have_the_papers_shape_and_matched_parameters():
     import jax
     import jax.numpy as jnp
 
-    from train.model import LanguageModel
+    from train.core.model import LanguageModel
     counts = {}
     for model in MODELS:
         config = load_config(f"lmc_h200_{model}", [])
@@ -93,7 +93,7 @@ def with_documents(row, losses, passkey_counts):
 
 
 def test_paired_bootstrap_interval_holds_the_difference():
-    from train.lm_compare import paired_bootstrap
+    from train.experiments.lm_compare import paired_bootstrap
     rng = np.random.default_rng(case_seed(2))
     tokens = rng.integers(50, 500, 200)
     loss_b = rng.uniform(2.0, 4.0, 200) * tokens
@@ -110,7 +110,7 @@ def test_paired_bootstrap_interval_holds_the_difference():
 def test_comparison_with_fox_and_merge(tmp_path, capsys):
     import json
 
-    from train.lm_compare import comparison_table, main
+    from train.experiments.lm_compare import comparison_table, main
     fox = with_documents(fake_row("fox", 3.3), [3.3, 3.4, 3.2, 3.3], [None, [40, 100], [10, 100], [0, 100]])
     fpa = with_documents(fake_row("fpa", 3.2), [3.2, 3.3, 3.1, 3.2], [None, [90, 100], [60, 100], [5, 100]])
     table = comparison_table([fpa, fox])
@@ -135,7 +135,7 @@ def test_comparison_with_fox_and_merge(tmp_path, capsys):
 
 
 def test_passkey_counts_sum_depths_and_skip_lengths_that_do_not_fit():
-    from train.lm_compare import passkey_counts
+    from train.experiments.lm_compare import passkey_counts
     passkey = {"lengths": [16, 32], "samples": 20,
                "accuracy": [[None, 0.5], [None, 0.25], [None, 1.0]]}
     assert passkey_counts(passkey) == [None, [35, 60]]

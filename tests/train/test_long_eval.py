@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from tests.seeds import case_seed
-from train.long_eval import retrieval_accuracy
-from train.long_eval_tasks import TASKS, answer_correct, make_sample
-from train.tokenizer import ByteTokenizer
+from train.experiments.long_eval import retrieval_accuracy
+from train.experiments.long_eval_tasks import TASKS, answer_correct, make_sample
+from train.data.tokenizer import ByteTokenizer
 
 TOKENIZER = ByteTokenizer()
 NUMBER = re.compile(r"\d{5,7}")
@@ -123,7 +123,7 @@ def test_a_cells_samples_do_not_depend_on_the_other_cells():
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
-    from train.cli import main
+    from train.cli.entry import main
 
     root = tmp_path_factory.mktemp("long")
     corpus = root / "corpus"          # beside the run directory, never around it
@@ -144,7 +144,7 @@ def tiny_run(tmp_path_factory):
 
 
 def test_suite_long_writes_every_cell_and_a_heatmap_per_task(tiny_run, tmp_path, capsys):
-    from train.cli import main
+    from train.cli.entry import main
 
     out = tmp_path / "long"
     assert main(["eval", str(tiny_run), "--suite", "long", "--lengths", "110,400",
@@ -169,8 +169,8 @@ def test_suite_long_writes_every_cell_and_a_heatmap_per_task(tiny_run, tmp_path,
 
 
 def test_the_runs_haystack_is_its_held_out_text_and_an_oracle_scores_one(tiny_run):
-    from train.long_eval import haystack_tokens
-    from train.runs import load_run
+    from train.experiments.long_eval import haystack_tokens
+    from train.core.runs import load_run
 
     config, tokenizer = load_run(tiny_run)
     haystack = haystack_tokens(config, tokenizer, 500, seed=case_seed(7))
@@ -183,7 +183,7 @@ def test_the_runs_haystack_is_its_held_out_text_and_an_oracle_scores_one(tiny_ru
 
 
 def test_suite_long_mistakes_are_one_line_errors(tiny_run, capsys):
-    from train.cli import main
+    from train.cli.entry import main
 
     assert main(["eval", str(tiny_run), "--suite", "long", "--seq-len", "32"]) == 1
     err = capsys.readouterr().err.strip().splitlines()

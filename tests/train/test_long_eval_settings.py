@@ -9,7 +9,7 @@ import json
 import pytest
 
 from tests.train.tiny_run import fit_tiny_run
-from train.long_eval_tasks import TASKS
+from train.experiments.long_eval_tasks import TASKS
 
 # passkey fits in 110 byte tokens, the multi-needle tasks do not (their cells are "-"): cheap
 SETTING = ["--suite", "long", "--lengths", "110,120", "--depths", "0", "--samples", "1",
@@ -29,7 +29,7 @@ def outputs(directory):
 
 
 def test_each_setting_gets_its_own_directory_and_progress_lines(run_dir, capsys):
-    from train.cli import main
+    from train.cli.entry import main
 
     capsys.readouterr()
     assert main(["eval", str(run_dir), *SETTING]) == 0
@@ -49,7 +49,7 @@ def test_each_setting_gets_its_own_directory_and_progress_lines(run_dir, capsys)
 
 def test_an_out_directory_of_another_setting_keeps_none_of_its_files(run_dir, tmp_path,
                                                                      capsys):
-    from train.cli import main
+    from train.cli.entry import main
 
     out = tmp_path / "long"
     assert main(["eval", str(run_dir), *SETTING, "--out", str(out)]) == 0

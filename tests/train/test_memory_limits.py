@@ -3,7 +3,7 @@ the limit) and for `eval` (a forward's lower bound, checked before anything is r
 compiled; XLA's out-of-memory there as one line naming --seq-len / --batch-size).
 
 Nothing here runs a step that needs the memory it is refused: the limits are faked through
-the sysconf / cgroup readers of train/memory.py, never device_memory_bytes itself.
+the sysconf / cgroup readers of train/core/memory.py, never device_memory_bytes itself.
 """
 
 import types
@@ -12,18 +12,17 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-import train.evaluate
-import train.memory
+import train.core.evaluate
+import train.core.memory
 from tests.seeds import case_seed
 from tests.train import tiny_run
-from train import checkpoint as ckpt
-from train.cli import main
-from train.config import load_config
-from train.memory import (cgroup_memory_limit_bytes, check_fits, describe_limit,
-                          device_memory_bytes, estimate_eval_memory,
-                          estimate_train_memory)
-from train.session import build_session
-from train.tokenizer import load_tokenizer
+from train.checkpoint import manager as ckpt
+from train.cli.entry import main
+from train.core.config import load_config
+from train.core.memory import (cgroup_memory_limit_bytes, check_fits, describe_limit,
+                               device_memory_bytes, estimate_eval_memory, estimate_train_memory)
+from train.core.session import build_session
+from train.data.tokenizer import load_tokenizer
 
 TINY = tiny_run.TINY
 KIB, GIB = 2**10, 2**30
@@ -36,8 +35,8 @@ def corpus(tmp_path_factory):
 
 
 def host_memory(monkeypatch, physical, cgroup=None):
-    monkeypatch.setattr(train.memory, "physical_memory_bytes", lambda: physical)
-    monkeypatch.setattr(train.memory, "cgroup_memory_limit_bytes", lambda: cgroup)
+    monkeypatch.setattr(train.core.memory, "physical_memory_bytes", lambda: physical)
+    monkeypatch.setattr(train.core.memory, "cgroup_memory_limit_bytes", lambda: cgroup)
 
 
 def one_error_line(capsys) -> str:
@@ -122,8 +121,8 @@ def test_eval_refuses_a_forward_that_cannot_fit_before_restoring(tmp_path, corpu
     def restore(*args, **kwargs):
         raise Restored
 
-    monkeypatch.setattr(train.evaluate, "restore_run_state", restore)
-    monkeypatch.setattr(train.evaluate, "make_split_dataset", restore)
+    monkeypatch.setattr(train.core.evaluate, "restore_run_state", restore)
+    monkeypatch.setattr(train.core.evaluate, "make_split_dataset", restore)
     host_memory(monkeypatch, 8 * GIB)
     live = len(jax.live_arrays())
     assert main(["eval", str(run_dir), "--seq-len", "50000000", "--batches", "1"]) == 1
@@ -149,16 +148,16 @@ def test_eval_refuses_a_forward_that_cannot_fit_before_restoring(tmp_path, corpu
 def test_out_of_memory_during_eval_is_one_line_naming_seq_len_and_batch_size(
         tmp_path, corpus, capsys, monkeypatch):
     run_dir = make_run_dir(tmp_path, corpus)
-    monkeypatch.setattr(train.evaluate, "restore_run_state",
+    monkeypatch.setattr(train.core.evaluate, "restore_run_state",
                         lambda *args, **kwargs: types.SimpleNamespace(step=3,
                                                                       state={"params": None}))
-    monkeypatch.setattr(train.evaluate, "make_split_dataset", lambda *args, **kwargs: [])
+    monkeypatch.setattr(train.core.evaluate, "make_split_dataset", lambda *args, **kwargs: [])
 
     def evaluate(*args, **kwargs):
         raise jax.errors.JaxRuntimeError(
             "RESOURCE_EXHAUSTED: Out of memory while trying to allocate 3.50GiB.\nmore")
 
-    monkeypatch.setattr(train.evaluate, "evaluate", evaluate)
+    monkeypatch.setattr(train.core.evaluate, "evaluate", evaluate)
     assert main(["eval", str(run_dir), "--seq-len", "4096"]) == 1
     assert one_error_line(capsys) == ("error: out of device memory (could not allocate "
                                       "3.50GiB): lower --seq-len (4096) or --batch-size (2)")

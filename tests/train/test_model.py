@@ -6,8 +6,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from train.config import load_config
-from train.model import build_mixer, build_model, positions_within_documents, resolve_vocab_size
+from train.core.config import load_config
+from train.core.model import (build_mixer, build_model, positions_within_documents,
+                              resolve_vocab_size)
 
 VOCAB = 257  # the byte tokenizer's
 

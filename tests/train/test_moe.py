@@ -1,4 +1,4 @@
-"""Mixture-of-experts FFN (train/moe.py): against a dense loop over experts, the load-balancing
+"""Mixture-of-experts FFN (train/core/moe.py): against a dense loop over experts, the load-balancing
 term, the tiny hybrid MoE preset training, and experts sharded over the data axis (8 CPU devices
 in a subprocess: the XLA flag must be set before JAX starts)."""
 
@@ -12,9 +12,9 @@ import pytest
 
 from tests.devices import run_on_cpu_devices
 from tests.seeds import case_seed
-from train.config import ConfigError, load_config
-from train.moe import (AUX_COLLECTION, MoEFeedForward, apply_with_auxiliary_loss,
-                       expert_capacity, moe_dense_reference, route)
+from train.core.config import ConfigError, load_config
+from train.core.moe import (AUX_COLLECTION, MoEFeedForward, apply_with_auxiliary_loss,
+                            expert_capacity, moe_dense_reference, route)
 
 FAST_COMPILE = {"xla_backend_optimization_level": 0}
 
@@ -102,8 +102,8 @@ def test_tiny_hybrid_moe_preset_trains_three_steps():
     """The tiny preset (GDN + attention, MoE in every layer; cut to one layer of each here)
     through the trainer's session: three steps on one batch lower the loss; the layers sow one
     load-balancing term each."""
-    from train.session import build_session, to_global
-    from train.sharding import make_mesh, mesh_context
+    from train.core.session import build_session, to_global
+    from train.core.sharding import make_mesh, mesh_context
 
     config = load_config("hybrid_moe_tiny", ["model.num_layers=2", "model.pattern=GA",
                                              "data.seq_len=16", "data.batch_size=2",
@@ -131,9 +131,9 @@ def test_tiny_hybrid_moe_preset_trains_three_steps():
 EXPERT_SHARDING_SCRIPT = textwrap.dedent("""
     import json
     import jax, numpy as np
-    from train.config import load_config
-    from train.session import build_session, to_global
-    from train.sharding import make_mesh, mesh_context
+    from train.core.config import load_config
+    from train.core.session import build_session, to_global
+    from train.core.sharding import make_mesh, mesh_context
 
     config = load_config("hybrid_moe_tiny", [
         "model.pattern=A", "model.num_layers=2", "model.d_model=32", "model.moe_expert_dim=16",

@@ -4,7 +4,7 @@ process.
 
   * the first steps' losses of the 2-process run (mesh data 2 x fsdp 2 x tensor 2, each process
     feeding its half of the rows) equal the single-process run's on the same global batches;
-  * each process reads a disjoint part of the documents (train/data.py: i % P == p);
+  * each process reads a disjoint part of the documents (train/data/pipeline.py: i % P == p);
   * a checkpoint saved by the 2 processes restores here (1 process) and one saved here restores
     in the 2 processes; both continue with the single-process losses;
   * `python -m train fit` in 2 processes: SIGTERM to one of them stops both at the same step
@@ -27,11 +27,11 @@ import pytest
 
 from tests.devices import xla_flags
 from tests.seeds import case_seed
-from train.checkpoint import Checkpointer
-from train.config import load_config
-from train.runs import checkpoint_dir, checkpoint_steps
-from train.session import build_session, to_global
-from train.sharding import make_mesh, mesh_context
+from train.checkpoint.manager import Checkpointer
+from train.core.config import load_config
+from train.core.runs import checkpoint_dir, checkpoint_steps
+from train.core.session import build_session, to_global
+from train.core.sharding import make_mesh, mesh_context
 
 pytestmark = pytest.mark.slow
 
@@ -47,14 +47,14 @@ FIRST, LATER = 3, 2           # steps before the checkpoint, steps after it
 WORKER = textwrap.dedent("""
     import json, re, sys
     import jax, numpy as np
-    from train.sharding import maybe_initialize_distributed
+    from train.core.sharding import maybe_initialize_distributed
     assert maybe_initialize_distributed()
     assert jax.process_count() == 2 and jax.device_count() == 8, jax.devices()
-    from train.checkpoint import Checkpointer
-    from train.config import load_config
-    from train.session import build_session, make_split_dataset, to_global
-    from train.sharding import make_mesh, mesh_context
-    from train.tokenizer import load_tokenizer
+    from train.checkpoint.manager import Checkpointer
+    from train.core.config import load_config
+    from train.core.session import build_session, make_split_dataset, to_global
+    from train.core.sharding import make_mesh, mesh_context
+    from train.data.tokenizer import load_tokenizer
 
     spec = json.loads(sys.argv[1])
     config = load_config(None, spec["overrides"])

@@ -18,7 +18,7 @@ GDN = ["model.d_model=16", "model.num_layers=1", "model.pattern=G", "gdn.num_hea
 
 
 def test_a_small_train_steps_scales_the_presets_warmup_with_a_note(capsys):
-    from train.cli import main
+    from train.cli.entry import main
 
     assert main(["config", "tiny_fpa", "train.steps=5"]) == 0     # tiny: warm-up 30 of 600
     captured = capsys.readouterr()
@@ -37,7 +37,7 @@ def test_a_small_train_steps_scales_the_presets_warmup_with_a_note(capsys):
 
 
 def test_prepare_says_why_the_tokenizer_is_smaller_than_asked(tmp_path, capsys):
-    from train.cli import main
+    from train.cli.entry import main
 
     corpus = tmp_path / "corpus"
     corpus.mkdir()
@@ -55,7 +55,7 @@ def test_prepare_says_why_the_tokenizer_is_smaller_than_asked(tmp_path, capsys):
 def runs(tmp_path_factory):
     """A one-step GDN reference at context 16 and one cpt step of it at 32, with what the cpt
     command wrote on stderr."""
-    from train.cli import main
+    from train.cli.entry import main
 
     root = tmp_path_factory.mktemp("notes")
     corpus = root / "corpus"
@@ -82,7 +82,7 @@ def test_cpt_prints_what_spectral_shift_did(runs):
 
 
 def test_the_spectra_table_fits_100_columns(runs, tmp_path, capsys):
-    from train.cli import main
+    from train.cli.entry import main
 
     reference, extended, _ = runs
     capsys.readouterr()

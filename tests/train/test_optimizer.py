@@ -9,9 +9,9 @@ import numpy as np
 import optax
 import pytest
 
-from train.config import OptimConfig, load_config
-from train.model import build_model
-from train.optimizer import build_optimizer, learning_rate_schedule, param_labels
+from train.core.config import OptimConfig, load_config
+from train.core.model import build_model
+from train.core.optimizer import build_optimizer, learning_rate_schedule, param_labels
 
 
 @functools.cache

@@ -17,7 +17,7 @@ def stderr_lines(capsys):
 
 
 def test_probe_prints_a_line_before_and_after_each_method(monkeypatch, tmp_path, capsys):
-    from train.cli import main
+    from train.cli.entry import main
     from train.probes import runner
 
     def train_seeds(method, task, sizes, config):    # the training itself is not under test
@@ -44,7 +44,7 @@ def run_dir(tmp_path_factory):
 
 def test_generate_reports_a_long_prefill_and_warns_far_beyond_the_training_length(
         run_dir, capsys):
-    from train.cli import main
+    from train.cli.entry import main
 
     capsys.readouterr()
     base = ["generate", str(run_dir), "--max-new-tokens", "2", "--temperature", "0"]
@@ -66,7 +66,7 @@ def test_generate_reports_a_long_prefill_and_warns_far_beyond_the_training_lengt
 
 
 def test_generate_stopped_by_sigterm_exits_130(run_dir, capsys, monkeypatch):
-    from train.cli import main
+    from train.cli.entry import main
     from train.generate.driver import Generator
 
     def terminated(self, *args, **kwargs):

@@ -14,16 +14,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import train.fit
-import train.memory
+import train.core.fit
+import train.core.memory
 from tests.seeds import case_seed
 from tests.train import tiny_run
-from train.cli import main
-from train.config import load_config
-from train.memory import (DeviceMemoryError, check_fits, estimate_train_memory,
-                          out_of_memory_error)
-from train.metrics import METRICS_FILE, MetricsWriter, read_metrics
-from train.session import build_session
+from train.cli.entry import main
+from train.core.config import load_config
+from train.core.memory import (DeviceMemoryError, check_fits, estimate_train_memory,
+                               out_of_memory_error)
+from train.core.metrics import METRICS_FILE, MetricsWriter, read_metrics
+from train.core.session import build_session
 
 TINY = tiny_run.TINY
 
@@ -103,7 +103,7 @@ def test_out_of_memory_becomes_one_error_line(tmp_path, corpus, capsys, monkeypa
     argv = ["fit", "tiny_softmax", *TINY, f"data.source={corpus}", "train.steps=2",
             "train.tensorboard=false"]
     # a device that reports 64 KiB: refused before compiling, no run directory left behind
-    monkeypatch.setattr(train.fit, "device_memory_bytes", lambda: 2**16)
+    monkeypatch.setattr(train.core.fit, "device_memory_bytes", lambda: 2**16)
     assert main([*argv, "--run-dir", str(tmp_path / "small")]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert "compiling" not in "\n".join(err) and "Traceback" not in "\n".join(err)
@@ -112,7 +112,7 @@ def test_out_of_memory_becomes_one_error_line(tmp_path, corpus, capsys, monkeypa
     monkeypatch.undo()
 
     # XLA runs out of memory in the step: one line too
-    original = train.fit.build_session
+    original = train.core.fit.build_session
 
     def build_session_that_runs_out(*args, **kwargs):
         session = original(*args, **kwargs)
@@ -123,7 +123,7 @@ def test_out_of_memory_becomes_one_error_line(tmp_path, corpus, capsys, monkeypa
         session.train_step = train_step
         return session
 
-    monkeypatch.setattr(train.fit, "build_session", build_session_that_runs_out)
+    monkeypatch.setattr(train.core.fit, "build_session", build_session_that_runs_out)
     assert main([*argv, "--run-dir", str(tmp_path / "oom")]) == 1
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last.startswith("error: out of device memory (could not allocate ")
@@ -143,7 +143,7 @@ def test_torn_line_and_replayed_steps_are_repaired_and_tensorboard_is_one_stream
 
     records = read_metrics(tmp_path)                          # readers skip the torn line
     assert [r["step"] for r in records if r["kind"] == "train"] == list(range(1, 7))
-    from train.plot import plot_run
+    from train.tools.plot import plot_run
     assert [p.name for p in plot_run(tmp_path)] == ["loss.png"]
 
     # resumed from checkpoint 4: steps 5.. are replayed, so their old records go
@@ -199,7 +199,7 @@ def test_run_startup_record_and_resume(tmp_path, corpus, capsys):
         assert expected in err, expected
     assert err.index("run dir:") < err.index("compiling") < err.index("step 1/4")
 
-    from train.checkpoint import Checkpointer, code_revision
+    from train.checkpoint.manager import Checkpointer, code_revision
     with Checkpointer(run_dir / "checkpoints", read_only=True) as checkpointer:
         record = checkpointer._manager.restore(4, args=__import__(
             "orbax.checkpoint").checkpoint.args.Composite(
@@ -232,8 +232,8 @@ def test_compile_time_stays_out_of_the_eta_and_tokens_per_second():
     import re
     import time
 
-    from train.fit import _first_step, _StepLog
-    from train.metrics import ProgressBar
+    from train.core.fit import _first_step, _StepLog
+    from train.core.metrics import ProgressBar
 
     class Writer:
         def write(self, kind, step, values):
@@ -278,8 +278,8 @@ def test_gradient_accumulation_matches_the_whole_batch():
     model is a small bigram table (the accumulation does not depend on the model)."""
     import flax.linen as nn
 
-    from train.optimizer import build_optimizer, learning_rate_schedule
-    from train.step import make_train_step
+    from train.core.optimizer import build_optimizer, learning_rate_schedule
+    from train.core.step import make_train_step
 
     traced_rows = []                                            # rows per model call
 
@@ -319,14 +319,14 @@ def test_gradient_accumulation_matches_the_whole_batch():
 
 
 def test_grad_accum_option_reaches_the_train_step(monkeypatch):
-    import train.session
+    import train.core.session
 
-    original, passed = train.session.make_train_step, []
+    original, passed = train.core.session.make_train_step, []
 
     def recording(*args):
         passed.append(args[3:])
         return original(*args)
 
-    monkeypatch.setattr(train.session, "make_train_step", recording)
+    monkeypatch.setattr(train.core.session, "make_train_step", recording)
     build_session(load_config(None, [*TINY, "train.grad_accum=2"]), 257)
     assert passed == [(2,)]

@@ -13,7 +13,7 @@ from fpa_jax import fpa_attention
 from kernels_pallas.ranges import checked_ranges
 from gdn_jax import gated_delta_rule
 from tests.seeds import case_seed
-from train.session import RangeCheckError, checked_train_step, raise_range_errors
+from train.core.session import RangeCheckError, checked_train_step, raise_range_errors
 
 
 def gdn_inputs(seed, batch=1, length=3, heads=2, dim=4):

@@ -5,11 +5,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from train.checkpoint import Checkpointer
-from train.config import load_config
-from train.cpt import MARKERS_KEY, applied_markers
-from train.runs import checkpoint_dir, restore_run_state
-from train.session import build_session
+from train.checkpoint.manager import Checkpointer
+from train.core.config import load_config
+from train.experiments.cpt import MARKERS_KEY, applied_markers
+from train.core.runs import checkpoint_dir, restore_run_state
+from train.core.session import build_session
 
 
 def test_checkpoint_with_the_old_rng_restores_without_it(tmp_path):

@@ -17,8 +17,8 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from tests.devices import run_on_cpu_devices, xla_flags
-from train.config import ConfigError, load_config, validate_for_devices
-from train.sharding import LOGICAL_AXIS_RULES, make_mesh, maybe_initialize_distributed
+from train.core.config import ConfigError, load_config, validate_for_devices
+from train.core.sharding import LOGICAL_AXIS_RULES, make_mesh, maybe_initialize_distributed
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -26,10 +26,10 @@ MULTI_DEVICE_SCRIPT = textwrap.dedent("""
     import json, sys, tempfile
     import jax, numpy as np
     from jax.sharding import PartitionSpec as P
-    from train.checkpoint import Checkpointer
-    from train.config import ConfigError, load_config, validate_for_devices
-    from train.session import build_session, to_global
-    from train.sharding import make_mesh, mesh_context
+    from train.checkpoint.manager import Checkpointer
+    from train.core.config import ConfigError, load_config, validate_for_devices
+    from train.core.session import build_session, to_global
+    from train.core.sharding import make_mesh, mesh_context
 
     assert jax.device_count() == 8, jax.devices()
     config = load_config(None, [
@@ -129,7 +129,7 @@ def test_rules_table_maps_each_logical_axis_once():
 def test_indivisible_dimensions_fall_back_to_replication():
     from jax.sharding import AbstractMesh, AxisType
 
-    from train.sharding import _fit_to_shape
+    from train.core.sharding import _fit_to_shape
 
     mesh = AbstractMesh((2, 4, 2), ("data", "fsdp", "tensor"), axis_types=(AxisType.Auto,) * 3)
     assert _fit_to_shape(P("tensor", "fsdp"), (257, 32), mesh) == P(None, "fsdp")

@@ -1,4 +1,4 @@
-"""train/spectra.py on a randomly initialised GDN + attention model (no training): the needle
+"""train/experiments/spectra.py on a randomly initialised GDN + attention model (no training): the needle
 placement, the captured layer inputs (against the embedding and RMSNorm by hand), the summary
 against gdn_jax.diagnostics called directly, and the report files."""
 
@@ -11,9 +11,9 @@ import pytest
 
 from gdn_jax.diagnostics import gdn_transition_inputs, transition_spectrum, write_energy
 from tests.seeds import case_seed
-from train.config import load_config
-from train.model import build_mixer, build_model
-from train.spectra import mixer_inputs, needle_inputs, run_spectra, write_report
+from train.core.config import load_config
+from train.core.model import build_mixer, build_model
+from train.experiments.spectra import mixer_inputs, needle_inputs, run_spectra, write_report
 
 CONFIG = ["model.pattern=AG", "model.num_layers=2", "model.d_model=32", "attention.kind=softmax",
           "attention.position=rope", "attention.num_heads=2", "attention.head_dim=16",

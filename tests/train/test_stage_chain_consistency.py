@@ -1,4 +1,4 @@
-"""A stage chain stays consistent across re-runs (train/stages.py).
+"""A stage chain stays consistent across re-runs (train/experiments/stages.py).
 
 One chain is trained once per module, in this process: a 1-layer GDN reference (2 steps) and
 stages a (16 -> 32) and b (32 -> 64) of 2 steps each (`train.steps=2` on the command line).
@@ -24,17 +24,18 @@ import pytest
 
 from tests.seeds import case_seed
 from tests.train.test_cpt_stages import GDN, STAGE, write_corpus
-from train.cli import EXIT_PREEMPTED, Terminated, main
-from train.metrics import read_metrics
-from train.runs import checkpoint_steps
+from train.cli import EXIT_PREEMPTED
+from train.cli.entry import Terminated, main
+from train.core.metrics import read_metrics
+from train.core.runs import checkpoint_steps
 
 
 @pytest.fixture(scope="module")
 def chain(tmp_path_factory):
     """(root, curriculum path, out dir) of a finished chain a, b at train.steps=2."""
-    from train.config import load_config
-    from train.fit import fit
-    from train.stages import load_curriculum, run_curriculum
+    from train.core.config import load_config
+    from train.core.fit import fit
+    from train.experiments.stages import load_curriculum, run_curriculum
 
     root = tmp_path_factory.mktemp("chain")
     corpus = write_corpus(root / "corpus", case_seed(3001))
@@ -139,20 +140,20 @@ def test_rerun_completes_a_final_eval_cut_off_by_a_signal(chain, tmp_path, capsy
 
 def test_summary_of_a_finished_stage_survives_a_sigterm_before_the_next(chain, tmp_path,
                                                                        capsys, monkeypatch):
-    import train.cpt
+    import train.experiments.cpt
 
     _, curriculum, _ = chain
     out = copied(chain, tmp_path)
     for name in ("a", "b"):             # a fresh chain: stage a trains in this run
         shutil.rmtree(out / name)
-    original = train.cpt.continued_pretraining
+    original = train.experiments.cpt.continued_pretraining
 
     def sigterm_when_b_starts(config, run_dir):
         if Path(run_dir).name == "b":
             raise Terminated            # what the CLI's SIGTERM handler raises outside fit
         return original(config, run_dir)
 
-    monkeypatch.setattr(train.cpt, "continued_pretraining", sigterm_when_b_starts)
+    monkeypatch.setattr(train.experiments.cpt, "continued_pretraining", sigterm_when_b_starts)
     capsys.readouterr()
     assert main(["stages", str(curriculum), "--out", str(out), "train.steps=2"]) == EXIT_PREEMPTED
     printed = capsys.readouterr().out

@@ -3,7 +3,7 @@
 Batch (seq_len L = 11, rows of L + 1 = 12 tokens, EOS = 256, as the packer lays them out):
     row 0   doc A: 5 text tokens + EOS (index 0..5) | doc B: 4 + EOS (6..10) | doc C starts (11)
     row 1   doc D: 3 + EOS (0..3) | doc E: 8 tokens, continued in the next row (4..11)
-    segment_ids  1 for the row's first piece, 2 for the next, ... (train/data.py)
+    segment_ids  1 for the row's first piece, 2 for the next, ... (train/data/pipeline.py)
     loss mask    every input position except those holding an EOS: row 0 at 5 and 10,
                  row 1 at 3 (written out below by hand, not derived from the segment ids)
 
@@ -18,10 +18,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from train.config import load_config
-from train.model import build_model
-from train.optimizer import build_optimizer, learning_rate_schedule
-from train.step import make_eval_step, make_train_step, token_losses
+from train.core.config import load_config
+from train.core.model import build_model
+from train.core.optimizer import build_optimizer, learning_rate_schedule
+from train.core.step import make_eval_step, make_train_step, token_losses
 
 EOS, VOCAB, L = 256, 257, 11
 DOC_LENGTHS = ([6, 5, 1], [4, 8])             # per row, in tokens (EOS included)
@@ -120,7 +120,7 @@ def changed(batch, row, positions, seed):
 
 @pytest.mark.parametrize("kind", list(MIXERS))
 def test_trainer_losses_on_a_packed_batch(kind):
-    """Per mixer, through the trainer's own loss path (train/step.py token_losses):
+    """Per mixer, through the trainer's own loss path (train/core/step.py token_losses):
     segment_ids reach the mixer as packed; per-position losses and mask are the hand-computed
     ones; a document's logits and loss terms do not depend on another document's tokens; the
     masked target after an EOS does not change the loss."""

@@ -15,8 +15,8 @@ import sys
 import pytest
 
 from tests.train import tiny_run
-from train.cli import main
-from train.runs import checkpoint_dir, checkpoint_steps
+from train.cli.entry import main
+from train.core.runs import checkpoint_dir, checkpoint_steps
 
 TINY = [*tiny_run.TINY, "train.tensorboard=false"]
 

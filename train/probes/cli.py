@@ -165,7 +165,7 @@ def parse_arguments(argv: list[str]):
 
 
 def main(argv: list[str]) -> int:
-    from train.metrics import progress_line
+    from train.core.metrics import progress_line
     from train.probes.model import METHODS
     from train.probes.report import format_table, write_outputs
     from train.probes.runner import run_probe
