@@ -21,6 +21,11 @@ import argparse
 import sys
 from pathlib import Path
 
+from train.cli import UserError
+from train.cli.common import positive_int
+from train.core.metrics import progress_line
+from train.experiments.long_eval_tasks import DEFAULT_DEPTHS, TASKS
+
 DEFAULT_SAMPLES = 20
 
 
@@ -45,8 +50,6 @@ _depth_list = _number_list(float, lambda v: 0.0 <= v <= 1.0, "depths in [0, 1]")
 
 
 def _task_list(text: str) -> tuple[str, ...]:
-    from train.experiments.long_eval_tasks import TASKS
-
     values = tuple(v.strip() for v in text.split(",") if v.strip())
     unknown = [v for v in values if v not in TASKS]
     if unknown or not values:
@@ -66,12 +69,6 @@ def _seed(text: str) -> int:
 
 def add_long_arguments(sub: argparse.ArgumentParser) -> None:
     """The `eval` options of the long-context suite."""
-    from train.experiments.long_eval_tasks import DEFAULT_DEPTHS
-
-    def positive(text):
-        from train.cli.entry import _positive_int
-        return _positive_int(text)
-
     group = sub.add_argument_group("--suite long (train/experiments/long_eval.py)")
     group.add_argument("--suite", choices=("default", "long"), default="default",
                        help="default: held-out and per-position loss; long: passkey and "
@@ -80,7 +77,7 @@ def add_long_arguments(sub: argparse.ArgumentParser) -> None:
                        help="context lengths in tokens (default: 1,2,4,8 x the training length)")
     group.add_argument("--depths", type=_depth_list, default=DEFAULT_DEPTHS,
                        help="needle depths in [0, 1] (default: 0,0.25,0.5,0.75,1)")
-    group.add_argument("--samples", type=positive, default=DEFAULT_SAMPLES,
+    group.add_argument("--samples", type=positive_int, default=DEFAULT_SAMPLES,
                        help="samples per cell (default: %(default)s)")
     group.add_argument("--tasks", type=_task_list, help="subset of the retrieval tasks")
     group.add_argument("--seed", type=_seed, default=0,
@@ -90,8 +87,6 @@ def add_long_arguments(sub: argparse.ArgumentParser) -> None:
 def setting_name(tasks, lengths, depths, samples: int, seed: int, batches: int | None) -> str:
     """The setting part of the default output directory (module docstring), e.g.
     `passkey-len256,512` or `all-len256,512-depths0,1-samples5`."""
-    from train.experiments.long_eval_tasks import DEFAULT_DEPTHS, TASKS
-
     chosen = [t for t in TASKS if t in tasks]
     parts = ["all" if len(chosen) == len(TASKS) else ",".join(chosen),
              "len" + ",".join(str(n) for n in lengths)]
@@ -108,10 +103,9 @@ def setting_name(tasks, lengths, depths, samples: int, seed: int, batches: int |
 
 def run_long_suite(args) -> int:
     """`eval --suite long`: evaluate, write the outputs, print the tables."""
-    from train.cli import UserError
-    from train.experiments.long_eval import (TASKS, earlier_outputs, evaluate_long, format_table,
+    # deferred: keeps orbax, optax and grain (the trainer) out of `--help`
+    from train.experiments.long_eval import (earlier_outputs, evaluate_long, format_table,
                                              task_names, write_outputs)
-    from train.core.metrics import progress_line
 
     if args.seq_len is not None:
         raise UserError("--seq-len: not used by --suite long (pass --lengths)")

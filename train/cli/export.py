@@ -38,6 +38,7 @@ def add_export_command(commands: Any) -> None:
 
 
 def command_export(args) -> int:
+    # deferred: keeps orbax, optax and grain (the trainer) out of `--help`
     from train.tools.export import CONFIG_FILE, ExportError, export_run
 
     try:

@@ -17,7 +17,18 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+
+from train.cli import UserError
+from train.cli.common import int_at_least
+from train.generate.driver import Generator, planned_capacity
+from train.generate.lm import Decoder
+from train.generate.loading import load
+from train.generate.sampling import SamplingConfig
 
 DEFAULT_EVICT_BELOW = -10.0
 LONG_CONTEXT_FACTOR = 4         # prompt + new tokens beyond this x data.seq_len: a warning
@@ -62,22 +73,20 @@ def _float_in(low: float, high: float, *, low_open: bool = False):
 
 def add_generate_command(commands: Any) -> None:
     """Register `generate RUN --prompt TEXT [...]`."""
-    from train.cli.entry import _int_at_least
-
     text = "sample text from a run's checkpoint (prefill + cached decoding, streamed)"
     sub = commands.add_parser("generate", help=text, description=text)
     sub.add_argument("run_dir")
     sub.add_argument("--prompt", required=True, help="text to continue (at least one token)")
-    sub.add_argument("--max-new-tokens", type=_int_at_least(1), default=128,
+    sub.add_argument("--max-new-tokens", type=int_at_least(1), default=128,
                      help="tokens to sample, >= 1 (default: %(default)s)")
     sub.add_argument("--temperature", type=_float_in(0.0, float("inf")),
                      default=1.0, help=">= 0, 0: greedy (default: %(default)s)")
-    sub.add_argument("--top-k", type=_int_at_least(0), default=0,
+    sub.add_argument("--top-k", type=int_at_least(0), default=0,
                      help="keep the k likeliest tokens, 0: no top-k cut (default: %(default)s)")
     sub.add_argument("--top-p", type=_float_in(0.0, 1.0, low_open=True), default=1.0,
                      help="nucleus in (0, 1], 1: no nucleus cut (default: %(default)s)")
     sub.add_argument("--seed", type=int, default=0, help="sampling seed (default: %(default)s)")
-    sub.add_argument("--batch", type=_int_at_least(1), default=1,
+    sub.add_argument("--batch", type=int_at_least(1), default=1,
                      help="samples of the same prompt, >= 1 (default: %(default)s)")
     sub.add_argument("--evict-below", type=_evict_below, default=DEFAULT_EVICT_BELOW,
                      help="evict FPA/FoX keys whose bias fell below this, a number <= 0; "
@@ -121,10 +130,6 @@ def _long_context_warning(config, batch: int, prompt_tokens: int, new_tokens: in
     """The `warning:` line for a generation far beyond the training length, else None. The
     cache size: keys and values of every attention layer at the power of two of slots that
     holds every token (train/generate/driver.py; eviction can keep it smaller)."""
-    import jax.numpy as jnp
-
-    from train.generate.driver import planned_capacity
-
     total, trained = prompt_tokens + new_tokens, config.data.seq_len
     if total <= LONG_CONTEXT_FACTOR * trained:
         return None
@@ -150,21 +155,10 @@ def _text(tokenizer, row, stop_token) -> str:
 
 
 def command_generate(args) -> int:
-    from pathlib import Path
-
-    from train.cli import UserError
-
     if not Path(args.run_dir).is_dir():
         raise UserError(f"{args.run_dir}: run directory does not exist")
     if not args.prompt:
         raise UserError("--prompt: empty; give some text to continue")
-
-    import numpy as np
-
-    from train.generate.driver import Generator
-    from train.generate.lm import Decoder
-    from train.generate.loading import load
-    from train.generate.sampling import SamplingConfig
 
     loaded = load(args.run_dir, args.step)
     config, tokenizer = loaded.config, loaded.tokenizer

@@ -13,18 +13,20 @@ import argparse
 import textwrap
 from pathlib import Path
 
+from train.cli import UserError
+from train.cli.common import positive_int, start_jax
+from train.core.metrics import format_table
+from train.experiments.spectra import DEFAULT_LENGTHS, DEFAULT_NEEDLE_POSITION
+
 TABLE_WIDTH = 100
 
 
 def add_spectra_command(commands) -> None:
     """Register the `spectra` subcommand on the CLI's subparsers."""
-    from train.cli.entry import _positive_int
-    from train.experiments.spectra import DEFAULT_LENGTHS, DEFAULT_NEEDLE_POSITION
-
     text = "decay-rate spectra and slow-band widths of a GDN checkpoint on needle inputs"
     sub = commands.add_parser("spectra", help=text, description=text)
     sub.add_argument("run_dir", metavar="RUN")
-    sub.add_argument("--lengths", type=_positive_int, nargs="+", default=list(DEFAULT_LENGTHS),
+    sub.add_argument("--lengths", type=positive_int, nargs="+", default=list(DEFAULT_LENGTHS),
                      help="context lengths: the needle is read back at position L - 1 "
                           f"(default: {' '.join(map(str, DEFAULT_LENGTHS))})")
     sub.add_argument("--compare", metavar="RUN2", help="a second run (e.g. after extension), "
@@ -32,20 +34,17 @@ def add_spectra_command(commands) -> None:
     sub.add_argument("--step", type=int, help="checkpoint step of RUN (default: the newest)")
     sub.add_argument("--needle-position", type=int, default=DEFAULT_NEEDLE_POSITION,
                      help="position of the needle's last token")
-    sub.add_argument("--samples", type=_positive_int, default=4, help="needle sequences")
+    sub.add_argument("--samples", type=positive_int, default=4, help="needle sequences")
     sub.add_argument("--out", help="output directory (default: RUN/spectra-step<N>)")
     sub.set_defaults(handler=command_spectra)
 
 
 def command_spectra(args: argparse.Namespace) -> int:
-    from train.cli import UserError
-    from train.cli.entry import _start_jax
-
     for name in (args.run_dir, args.compare):
         if name is not None and not (Path(name) / "config.json").is_file():
             raise UserError(f"{name}: not a run directory (no config.json)")
-    _start_jax()
-    from train.core.metrics import format_table
+    start_jax()
+    # deferred: keeps orbax, optax and grain (the trainer) out of `--help`
     from train.core.runs import load_run
     from train.experiments.spectra import spectra, write_report
 
