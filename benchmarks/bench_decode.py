@@ -59,8 +59,8 @@ class Source:
     """A model, its params and where its evaluation tokens come from."""
 
     def __init__(self, spec: str, overrides: list[str], seed: int):
-        from train.core.config import load_config
         from train.core.model import build_model
+        from train.core.presets import load_config
 
         self.name = spec
         if (Path(spec) / "config.json").is_file():

@@ -51,10 +51,12 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from train.checkpoint.manager import Checkpointer  # noqa: E402
-from train.core.config import Config, ConfigError, load_config, validate, validate_for_devices  # noqa: E402
+from train.core.config import Config, ConfigError  # noqa: E402
 from train.core.metrics import format_rate, format_table  # noqa: E402
+from train.core.presets import load_config  # noqa: E402
 from train.core.session import build_session, to_global  # noqa: E402
 from train.core.sharding import make_mesh, mesh_context  # noqa: E402
+from train.core.validation import validate, validate_for_devices  # noqa: E402
 from train.data.tokenizer import load_tokenizer  # noqa: E402
 
 CONTINUED_STEPS = 2

@@ -74,8 +74,8 @@ def model_overrides(size: dict, pattern: str) -> list[str]:
 
 
 def pretrain(size: dict, pattern: str, run_dir: Path):
-    from train.core.config import load_config
     from train.core.fit import fit
+    from train.core.presets import load_config
 
     config = load_config("tiny_gdn", model_overrides(size, pattern) + [
         f"data.seq_len={size['short']}", f"data.batch_size={size['batch']}",
@@ -87,7 +87,7 @@ def pretrain(size: dict, pattern: str, run_dir: Path):
 
 def extension_config(size: dict, pattern: str, reference: Path, variant: str):
     """The cpt config of one variant: 4x the context, a quarter of the batch (same tokens)."""
-    from train.core.config import load_config
+    from train.core.presets import load_config
 
     return load_config("tiny_gdn", model_overrides(size, pattern) + [
         f"data.seq_len={4 * size['short']}", f"data.batch_size={size['batch'] // 4}",

@@ -146,7 +146,7 @@ def error_text(error: BaseException) -> str:
 
 
 def family_config(name: str, size, extra=()):
-    from train.core.config import load_config
+    from train.core.presets import load_config
 
     layers, length, _ = size
     return load_config(None, BASE + MODELS[name] + [f"model.num_layers={layers}",
@@ -158,8 +158,8 @@ def jax_side(work: Path, name: str, sizes, stage: str, tf32_check: bool) -> int:
     stage "extras": the bf16 logits and (first size, tf32_check) the default-precision ones."""
     import jax
 
-    from train.tools import export
     from train.core.model import LanguageModel
+    from train.tools import export
 
     status_file = work / name / f"jax_{stage}.json"
     status = {"platform": jax.default_backend(), "devices": [str(d) for d in jax.devices()],

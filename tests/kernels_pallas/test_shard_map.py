@@ -126,7 +126,7 @@ SCRIPT = textwrap.dedent("""
     out["lowered"] = lowered
 
     # the trainer: one shard_map per mixer in the train step
-    from train.core.config import load_config
+    from train.core.presets import load_config
     from train.core.session import build_session, to_global
     from train.core.sharding import make_mesh, mesh_context
     config = load_config(None, ["model.d_model=32", "model.num_layers=2", "model.pattern=GA",

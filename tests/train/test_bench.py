@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from train.tools.bench import matmul_ceiling_tflops, model_flops_per_token
 from train.cli.entry import main
-from train.core.config import load_config
+from train.core.presets import load_config
+from train.tools.bench import matmul_ceiling_tflops, model_flops_per_token
 
 TINY = ["model.d_model=16", "model.num_layers=2", "model.pattern=GA", "attention.kind=softmax",
         "attention.position=rope", "attention.num_heads=2", "attention.head_dim=8",

@@ -19,11 +19,11 @@ import optax
 import pytest
 
 from tests.devices import xla_flags
+from train.checkpoint.iterator_state import decode_iterator_state, encode_iterator_state
 from train.checkpoint.manager import (QUARANTINE_DIRNAME, TMP_MARKER, Checkpointer,
-                                      NoReadableCheckpointError, RunConfigError,
-                                      UnreadableCheckpointError, decode_iterator_state,
-                                      encode_iterator_state, install_preemption_handler,
-                                      load_run_config, save_run_files)
+                                      NoReadableCheckpointError, UnreadableCheckpointError)
+from train.checkpoint.preemption import install_preemption_handler
+from train.checkpoint.run_files import RunConfigError, load_run_config, save_run_files
 from train.data.tokenizer import ByteTokenizer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -423,7 +423,8 @@ def test_restore_onto_other_device_counts(tmp_path):
 _PREEMPTED_LOOP = """
     import os, sys, time
     import jax.numpy as jnp
-    from train.checkpoint.manager import Checkpointer, install_preemption_handler
+    from train.checkpoint.manager import Checkpointer
+    from train.checkpoint.preemption import install_preemption_handler
 
     directory = "{directory}"
     with Checkpointer(directory, save_interval_steps=1000) as checkpointer, \\
@@ -472,7 +473,7 @@ def test_preemption_flag_in_process():
 
 
 def test_run_files_written_once(tmp_path, caplog):
-    caplog.set_level(logging.INFO, logger="train.checkpoint.manager")
+    caplog.set_level(logging.INFO, logger="train.checkpoint.run_files")
     config = {"model": {"width": 64, "layers": (2, 3)}, "path": tmp_path}
     save_run_files(tmp_path, config=config, tokenizer=ByteTokenizer())
     save_run_files(tmp_path, config=config, tokenizer=ByteTokenizer())

@@ -23,8 +23,8 @@ import train.core.session
 from tests.train import tiny_run
 from train.cli import EXIT_DIVERGED, EXIT_PREEMPTED
 from train.cli.entry import main
-from train.core.config import load_config
 from train.core.metrics import read_metrics
+from train.core.presets import load_config
 from train.core.runs import (RunLockedError, checkpoint_dir, checkpoint_steps, claimed_run_dir,
                              default_run_dir, restore_run_state, run_lock)
 

@@ -3,8 +3,9 @@
 import pytest
 
 from train.cli import entry as cli
-from train.core.config import (CONFIG_DIR, ConfigError, apply_overrides, config_from_dict,
-                               load_config, validate_for_devices)
+from train.core.config import ConfigError
+from train.core.presets import CONFIG_DIR, apply_overrides, config_from_dict, load_config
+from train.core.validation import validate_for_devices
 
 PRESETS = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
 
@@ -197,7 +198,7 @@ def test_user_preset_extends_a_preset_and_is_validated_before_overrides(tmp_path
 def test_run_directory_stores_the_resolved_config(tmp_path):
     import json
 
-    from train.checkpoint.manager import save_run_files
+    from train.checkpoint.run_files import save_run_files
 
     config = load_config("gdn_125m_cpt")
     save_run_files(tmp_path, config=config.to_dict())

@@ -25,14 +25,16 @@ import pytest
 
 from tests.devices import run_on_cpu_devices
 from tests.seeds import case_seed
-from train.core.config import ConfigError, load_config, validate_for_devices
+from train.core.config import ConfigError
 from train.core.memory import activation_bytes_per_token, estimate_train_memory
+from train.core.presets import load_config
 from train.core.sharding import check_rows_per_process, make_mesh
+from train.core.validation import validate_for_devices
 
 SCRIPT = textwrap.dedent("""
     import json, re, sys
     import jax, numpy as np
-    from train.core.config import load_config
+    from train.core.presets import load_config
     from train.core.session import build_session, to_global
     from train.core.sharding import make_mesh, mesh_context
     from train.core.step import masked_mean, token_losses

@@ -14,7 +14,8 @@ from fpa_jax.baselines.rope_scaling import (YarnScaling, abf_base, rotate_yarn,
                                             yarn_attention_factor, yarn_frequencies)
 from fpa_jax.layers.softmax import SoftmaxAttention
 from tests.seeds import case_seed
-from train.core.config import ConfigError, load_config
+from train.core.config import ConfigError
+from train.core.presets import load_config
 from train.experiments.cpt import extended_attention
 
 HYBRID = ["model.pattern=GA", "model.num_layers=2", "attention.kind=softmax",

@@ -34,7 +34,7 @@ DRIVER = textwrap.dedent("""
     import jax, jax.numpy as jnp, numpy as np
     options = json.loads(sys.argv[1])
     from train.core import fit
-    from train.core.config import load_config
+    from train.core.presets import load_config
     from train.experiments.stages import load_curriculum, run_curriculum
 
     original_build, calls = fit.build_session, [0]

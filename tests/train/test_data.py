@@ -9,10 +9,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from train.checkpoint.manager import Checkpointer, decode_iterator_state, encode_iterator_state
-from train.data.pipeline import (make_dataset, process_document_indices, resolve_source,
-                                 split_document_indices, split_inputs_and_targets,
-                                 write_arrayrecord_shards)
+from train.checkpoint.iterator_state import decode_iterator_state, encode_iterator_state
+from train.checkpoint.manager import Checkpointer
+from train.data.pipeline import (make_dataset, process_document_indices, split_document_indices,
+                                 split_inputs_and_targets)
+from train.data.sources import resolve_source, write_arrayrecord_shards
 from train.data.tokenizer import BPE_EOS_TOKEN, ByteTokenizer, load_tokenizer, train_bpe
 
 BYTE = ByteTokenizer()

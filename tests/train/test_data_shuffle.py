@@ -8,8 +8,10 @@ import numpy as np
 import pytest
 
 from tests.seeds import case_seed
-from train.core.config import ConfigError, load_config
-from train.data.pipeline import PackedRows, _DocumentTokens, make_dataset, resolve_source
+from train.core.config import ConfigError
+from train.core.presets import load_config
+from train.data.pipeline import PackedRows, _DocumentTokens, make_dataset
+from train.data.sources import resolve_source
 from train.data.tokenizer import ByteTokenizer
 
 BYTE = ByteTokenizer()
@@ -118,7 +120,7 @@ def test_global_shuffle_over_arrayrecord_shards_matches_the_text_source(long_doc
     record to size the rows; without the counts (older shards) it reads them: same rows."""
     import json
 
-    from train.data.pipeline import write_arrayrecord_shards
+    from train.data.sources import write_arrayrecord_shards
 
     out = tmp_path / "shards"
     write_arrayrecord_shards(source=str(long_documents), tokenizer=BYTE, out_dir=out,
@@ -144,7 +146,7 @@ def test_resuming_in_the_other_shuffle_mode_is_refused(tmp_path):
     "window" runs); before the first checkpoint the mode may still change."""
     import json
 
-    from train.checkpoint.manager import save_run_files
+    from train.checkpoint.run_files import save_run_files
     from train.core.fit import RunSetupError, _check_data_order
 
     global_, window = load_config(None, []), load_config(None, ["data.shuffle=window"])

@@ -11,10 +11,10 @@ import pytest
 from flax import traverse_util
 
 from tests.seeds import case_seed
-from train.tools import export
 from train.cli.entry import build_parser
-from train.core.config import load_config
 from train.cli.export import command_export
+from train.core.presets import load_config
+from train.tools import export
 from train.tools.export_layout import expected_layout
 from train.tools.safetensors_file import (read_safetensors, read_safetensors_header,
                                           write_safetensors)

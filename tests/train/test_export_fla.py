@@ -14,8 +14,8 @@ from flax import traverse_util
 
 from benchmarks import verify_export_fla as verify
 from tests.seeds import case_seed
+from train.core.presets import load_config
 from train.tools import export
-from train.core.config import load_config
 
 VOCAB = 48
 BASE = ["model.d_model=32", "model.num_layers=2", "attention.num_heads=2", "attention.head_dim=16",

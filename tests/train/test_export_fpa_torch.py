@@ -17,8 +17,8 @@ from tests.seeds import case_seed
 from train.tools import export
 from tests.train import tiny_run
 from train.cli.entry import build_parser, main
-from train.core.config import load_config
 from train.cli.export import command_export
+from train.core.presets import load_config
 from train.tools.export_layout import expected_layout
 from train.tools.safetensors_file import read_safetensors
 

@@ -31,10 +31,10 @@ TINY = ["model.d_model=32", "model.num_layers=2", "attention.kind=softmax",
 DRIVER = textwrap.dedent("""
     import json, os, signal, sys
     options = json.loads(sys.argv[1])
-    from train.checkpoint import manager as checkpoint
-    from train.experiments import cpt
+    from train.checkpoint import iterator_state
     from train.core import fit
-    from train.core.config import load_config
+    from train.core.presets import load_config
+    from train.experiments import cpt
 
     if options.get("sigterm_after_steps"):
         original_build = fit.build_session
@@ -56,7 +56,7 @@ DRIVER = textwrap.dedent("""
         fit.build_session = build_session
 
     if options.get("sigkill_in_save"):
-        original_save, saves = checkpoint._IteratorStateHandler.save, [0]
+        original_save, saves = iterator_state._IteratorStateHandler.save, [0]
 
         def save(self, directory, args):  # noqa: A002 - Orbax passes it by this name
             original_save(self, directory, args=args)
@@ -64,7 +64,7 @@ DRIVER = textwrap.dedent("""
             if saves[0] == options["sigkill_in_save"]:
                 os.kill(os.getpid(), signal.SIGKILL)
 
-        checkpoint._IteratorStateHandler.save = save
+        iterator_state._IteratorStateHandler.save = save
 
     for job in options["runs"]:  # one after the other in this process
         config = load_config(None, job["overrides"])

@@ -16,13 +16,13 @@ from fpa_jax.decode import slots
 from fpa_jax.layers import FoXAttention, FPAAttention
 from fpa_jax.layers.common import attention_scale
 from train.cli.entry import main
-from train.core.config import load_config
+from train.core.model import build_model
+from train.core.presets import load_config
 from train.generate import mixers
 from train.generate.driver import CacheFullError, Generator, planned_capacity
 from train.generate.eviction_study import masked_attention, masked_logits
 from train.generate.lm import Decoder
 from train.generate.sampling import SamplingConfig, sample
-from train.core.model import build_model
 from tests.seeds import case_seed
 
 VOCAB = 64

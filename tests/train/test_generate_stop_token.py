@@ -9,9 +9,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from train.cli.generate import _Streamer, _text
 from train.generate.driver import Generator
 from train.generate.sampling import SamplingConfig
-from train.cli.generate import _Streamer, _text
 from tests.seeds import case_seed
 
 VOCAB, STOP = 8, 7

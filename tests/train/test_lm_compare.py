@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from tests.seeds import case_seed
-from train.core.config import load_config
+from train.core.presets import load_config
 from train.experiments.lm_compare import MODELS, markdown_table, parse_arguments, plot, span_losses
 
 

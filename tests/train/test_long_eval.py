@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from tests.seeds import case_seed
+from train.data.tokenizer import ByteTokenizer
 from train.experiments.long_eval import retrieval_accuracy
 from train.experiments.long_eval_tasks import TASKS, answer_correct, make_sample
-from train.data.tokenizer import ByteTokenizer
 
 TOKENIZER = ByteTokenizer()
 NUMBER = re.compile(r"\d{5,7}")
@@ -169,8 +169,8 @@ def test_suite_long_writes_every_cell_and_a_heatmap_per_task(tiny_run, tmp_path,
 
 
 def test_the_runs_haystack_is_its_held_out_text_and_an_oracle_scores_one(tiny_run):
-    from train.experiments.long_eval import haystack_tokens
     from train.core.runs import load_run
+    from train.experiments.long_eval import haystack_tokens
 
     config, tokenizer = load_run(tiny_run)
     haystack = haystack_tokens(config, tokenizer, 500, seed=case_seed(7))

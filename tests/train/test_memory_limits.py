@@ -16,11 +16,11 @@ import train.core.evaluate
 import train.core.memory
 from tests.seeds import case_seed
 from tests.train import tiny_run
-from train.checkpoint import manager as ckpt
+from train.checkpoint.run_files import save_run_files
 from train.cli.entry import main
-from train.core.config import load_config
 from train.core.memory import (cgroup_memory_limit_bytes, check_fits, describe_limit,
                                device_memory_bytes, estimate_eval_memory, estimate_train_memory)
+from train.core.presets import load_config
 from train.core.session import build_session
 from train.data.tokenizer import load_tokenizer
 
@@ -106,7 +106,7 @@ def make_run_dir(tmp_path, corpus, *more):
     checkpoint, since it comes before the restore."""
     config = load_config(None, [*TINY, f"data.source={corpus}", *more])
     run_dir = tmp_path / "run"
-    ckpt.save_run_files(run_dir, config=config.to_dict(), tokenizer=load_tokenizer("byte"))
+    save_run_files(run_dir, config=config.to_dict(), tokenizer=load_tokenizer("byte"))
     return run_dir
 
 

@@ -6,9 +6,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from train.core.config import load_config
 from train.core.model import (build_mixer, build_model, positions_within_documents,
                               resolve_vocab_size)
+from train.core.presets import load_config
 
 VOCAB = 257  # the byte tokenizer's
 

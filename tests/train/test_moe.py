@@ -12,9 +12,10 @@ import pytest
 
 from tests.devices import run_on_cpu_devices
 from tests.seeds import case_seed
-from train.core.config import ConfigError, load_config
+from train.core.config import ConfigError
 from train.core.moe import (AUX_COLLECTION, MoEFeedForward, apply_with_auxiliary_loss,
                             expert_capacity, moe_dense_reference, route)
+from train.core.presets import load_config
 
 FAST_COMPILE = {"xla_backend_optimization_level": 0}
 
@@ -131,7 +132,7 @@ def test_tiny_hybrid_moe_preset_trains_three_steps():
 EXPERT_SHARDING_SCRIPT = textwrap.dedent("""
     import json
     import jax, numpy as np
-    from train.core.config import load_config
+    from train.core.presets import load_config
     from train.core.session import build_session, to_global
     from train.core.sharding import make_mesh, mesh_context
 

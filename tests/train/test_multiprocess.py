@@ -28,7 +28,7 @@ import pytest
 from tests.devices import xla_flags
 from tests.seeds import case_seed
 from train.checkpoint.manager import Checkpointer
-from train.core.config import load_config
+from train.core.presets import load_config
 from train.core.runs import checkpoint_dir, checkpoint_steps
 from train.core.session import build_session, to_global
 from train.core.sharding import make_mesh, mesh_context
@@ -51,7 +51,7 @@ WORKER = textwrap.dedent("""
     assert maybe_initialize_distributed()
     assert jax.process_count() == 2 and jax.device_count() == 8, jax.devices()
     from train.checkpoint.manager import Checkpointer
-    from train.core.config import load_config
+    from train.core.presets import load_config
     from train.core.session import build_session, make_split_dataset, to_global
     from train.core.sharding import make_mesh, mesh_context
     from train.data.tokenizer import load_tokenizer

@@ -9,9 +9,10 @@ import numpy as np
 import optax
 import pytest
 
-from train.core.config import OptimConfig, load_config
+from train.core.config import OptimConfig
 from train.core.model import build_model
 from train.core.optimizer import build_optimizer, learning_rate_schedule, param_labels
+from train.core.presets import load_config
 
 
 @functools.cache

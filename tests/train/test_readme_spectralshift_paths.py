@@ -5,7 +5,7 @@ pass instead), and a curriculum whose reference is missing points at --reference
 import json
 from pathlib import Path
 
-from train.core.config import load_config
+from train.core.presets import load_config
 from train.core.runs import default_run_dir
 
 REPO = Path(__file__).resolve().parents[2]

@@ -19,10 +19,10 @@ import train.core.memory
 from tests.seeds import case_seed
 from tests.train import tiny_run
 from train.cli.entry import main
-from train.core.config import load_config
 from train.core.memory import (DeviceMemoryError, check_fits, estimate_train_memory,
                                out_of_memory_error)
 from train.core.metrics import METRICS_FILE, MetricsWriter, read_metrics
+from train.core.presets import load_config
 from train.core.session import build_session
 
 TINY = tiny_run.TINY
@@ -199,7 +199,8 @@ def test_run_startup_record_and_resume(tmp_path, corpus, capsys):
         assert expected in err, expected
     assert err.index("run dir:") < err.index("compiling") < err.index("step 1/4")
 
-    from train.checkpoint.manager import Checkpointer, code_revision
+    from train.checkpoint.manager import Checkpointer
+    from train.checkpoint.run_files import code_revision
     with Checkpointer(run_dir / "checkpoints", read_only=True) as checkpointer:
         record = checkpointer._manager.restore(4, args=__import__(
             "orbax.checkpoint").checkpoint.args.Composite(

@@ -6,10 +6,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from train.checkpoint.manager import Checkpointer
-from train.core.config import load_config
-from train.experiments.cpt import MARKERS_KEY, applied_markers
+from train.core.presets import load_config
 from train.core.runs import checkpoint_dir, restore_run_state
 from train.core.session import build_session
+from train.experiments.cpt import MARKERS_KEY, applied_markers
 
 
 def test_checkpoint_with_the_old_rng_restores_without_it(tmp_path):

@@ -17,8 +17,10 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from tests.devices import run_on_cpu_devices, xla_flags
-from train.core.config import ConfigError, load_config, validate_for_devices
+from train.core.config import ConfigError
+from train.core.presets import load_config
 from train.core.sharding import LOGICAL_AXIS_RULES, make_mesh, maybe_initialize_distributed
+from train.core.validation import validate_for_devices
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -27,9 +29,11 @@ MULTI_DEVICE_SCRIPT = textwrap.dedent("""
     import jax, numpy as np
     from jax.sharding import PartitionSpec as P
     from train.checkpoint.manager import Checkpointer
-    from train.core.config import ConfigError, load_config, validate_for_devices
+    from train.core.config import ConfigError
+    from train.core.presets import load_config
     from train.core.session import build_session, to_global
     from train.core.sharding import make_mesh, mesh_context
+    from train.core.validation import validate_for_devices
 
     assert jax.device_count() == 8, jax.devices()
     config = load_config(None, [

@@ -11,8 +11,8 @@ import pytest
 
 from gdn_jax.diagnostics import gdn_transition_inputs, transition_spectrum, write_energy
 from tests.seeds import case_seed
-from train.core.config import load_config
 from train.core.model import build_mixer, build_model
+from train.core.presets import load_config
 from train.experiments.spectra import mixer_inputs, needle_inputs, run_spectra, write_report
 
 CONFIG = ["model.pattern=AG", "model.num_layers=2", "model.d_model=32", "attention.kind=softmax",

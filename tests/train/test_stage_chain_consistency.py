@@ -33,8 +33,8 @@ from train.core.runs import checkpoint_steps
 @pytest.fixture(scope="module")
 def chain(tmp_path_factory):
     """(root, curriculum path, out dir) of a finished chain a, b at train.steps=2."""
-    from train.core.config import load_config
     from train.core.fit import fit
+    from train.core.presets import load_config
     from train.experiments.stages import load_curriculum, run_curriculum
 
     root = tmp_path_factory.mktemp("chain")

@@ -18,9 +18,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from train.core.config import load_config
 from train.core.model import build_model
 from train.core.optimizer import build_optimizer, learning_rate_schedule
+from train.core.presets import load_config
 from train.core.step import make_eval_step, make_train_step, token_losses
 
 EOS, VOCAB, L = 256, 257, 11

@@ -1,6 +1,6 @@
 """Checkpoints of a training run: Orbax CheckpointManager, restorable onto any sharding.
 
-    run_dir/config.json, run_dir/tokenizer/      written once per run (`save_run_files`)
+    run_dir/config.json, run_dir/tokenizer/      written once per run (run_files.py)
     <directory>/<step>/state/      the train-state pytree (Orbax StandardSave); typed PRNG keys
                                    are stored as their uint32 key data and re-wrapped on restore
     <directory>/<step>/iterator/   data-iterator state, one JSON file per process (grain's
@@ -10,12 +10,8 @@
                                    "dirty"} of the git checkout holding this code, or None
                                    outside one), extra (the caller's record, e.g. continued
                                    pretraining's), leaves [{path, shape, dtype,
-                                   fingerprint}], prng_keys {path: impl}
+                                   fingerprint}], prng_keys {path: impl} (state_tree.py)
     <directory>/quarantine/        unreadable steps moved aside after a fallback restore
-
-    fingerprint(x) = sum_i bits(x_i) * w_i  (mod 2^32),  bits = the element's raw bits as
-                     uint32, w_i odd and depending on the element's index, so any single
-                     changed element changes it; computed on device, independent of sharding.
 
 Atomicity (Orbax 0.12.8, read in its source; exercised in tests/train/test_checkpoint.py):
 a step is written into `<step>.orbax-checkpoint-tmp` (its items into `<item>.orbax-
@@ -30,519 +26,45 @@ truncated or altered (fingerprint mismatch), or whose record/iterator state is u
 is skipped; once an older step restores, one warning line names the skipped steps and what
 failed (e.g. "OUT_OF_RANGE reading state"; the full error is logged at INFO), and the
 unreadable newer steps are moved to `quarantine/` so that training can save those step
-numbers again. A failed read leaves no tensorstore read running (`_DrainingLoopPolicy`). A mismatch between the
-requested abstract state and the recorded tree (paths, shapes, dtypes) is a caller error:
-ValueError, nothing skipped, except for top-level entries named in `ignore_saved` (state
-that older code saved and newer code no longer keeps, e.g. the trainer's unused per-step
-"rng"): those are read and dropped. Arrays land on the shardings of the abstract state, so a
-run saved on one device count restores onto another.
-
-Preemption: `install_preemption_handler()` returns a flag that SIGTERM/SIGINT set; the loop
-checks it each step, saves with `force=True`, calls `wait_until_finished()` and exits.
+numbers again. A failed read leaves no tensorstore read running (failed_reads.py). A
+mismatch between the requested abstract state and the recorded tree (paths, shapes, dtypes)
+is a caller error: ValueError (StateMismatchError, state_tree.py), nothing skipped, except
+for top-level entries named in `ignore_saved` (state that older code saved and newer code no
+longer keeps, e.g. the trainer's unused per-step "rng"): those are read and dropped. Arrays
+land on the shardings of the abstract state, so a run saved on one device count restores
+onto another.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import dataclasses
 import datetime
-import functools
-import importlib.metadata
-import json
 import logging
 import os
-import platform
-import re
 import shutil
-import signal
-import subprocess
 import sys
-import threading
 import time
 from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import grain
 import jax
-import jax.numpy as jnp
-import numpy as np
 import orbax.checkpoint as ocp
-from jax.sharding import NamedSharding, PartitionSpec
+
+from train.checkpoint.failed_reads import failed_reads_cleaned_up, read_failure, unreadable_steps
+from train.checkpoint.iterator_state import (IteratorStateRestore, IteratorStateSave,
+                                             encode_iterator_state)
+from train.checkpoint.run_files import code_revision, json_safe, library_versions
+from train.checkpoint.state_tree import (abstract_storable, all_processes, check_tree_matches,
+                                         leaf_records, storable_state, with_ignored_entries)
 
 log = logging.getLogger(__name__)
 
+
 TMP_MARKER = ".orbax-checkpoint-tmp"
+
+
 QUARANTINE_DIRNAME = "quarantine"
-CONFIG_FILENAME = "config.json"
-TOKENIZER_DIRNAME = "tokenizer"
-_TUPLE_TAG = "__tuple__"
-_VERSIONED_PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "grain",
-                       "tokenizers", "numpy")
-
-
-# ----------------------------------------------------------------------------- JSON helpers
-
-
-def _tag_tuples(value: Any, where: str) -> Any:
-    if isinstance(value, tuple):
-        return {_TUPLE_TAG: [_tag_tuples(v, where) for v in value]}
-    if isinstance(value, list):
-        return [_tag_tuples(v, where) for v in value]
-    if isinstance(value, dict):
-        if _TUPLE_TAG in value or not all(isinstance(k, str) for k in value):
-            raise TypeError(f"{where}: dict keys must be strings other than {_TUPLE_TAG!r}")
-        return {k: _tag_tuples(v, where) for k, v in value.items()}
-    if isinstance(value, (np.bool_, np.integer, np.floating)):
-        return value.item()
-    if value is None or isinstance(value, (str, int, float, bool)):
-        return value
-    raise TypeError(f"{where}: cannot store {type(value).__name__} {value!r} as JSON")
-
-
-def _untag_tuples(value: Any) -> Any:
-    if isinstance(value, list):
-        return [_untag_tuples(v) for v in value]
-    if isinstance(value, dict):
-        if set(value) == {_TUPLE_TAG}:
-            return tuple(_untag_tuples(v) for v in value[_TUPLE_TAG])
-        return {k: _untag_tuples(v) for k, v in value.items()}
-    return value
-
-
-def encode_iterator_state(state: Mapping[str, Any]) -> str:
-    """JSON text of a data-iterator state that keeps tuples as tuples (grain needs them)."""
-    return json.dumps(_tag_tuples(state, "data_iterator state"), sort_keys=True)
-
-
-def decode_iterator_state(text: str) -> Any:
-    """Inverse of `encode_iterator_state`."""
-    return _untag_tuples(json.loads(text))
-
-
-def _json_safe(value: Any, where: str) -> Any:
-    """`value` as plain JSON types (tuples -> lists, numpy scalars -> Python, paths -> str)."""
-    if isinstance(value, Mapping):
-        return {str(k): _json_safe(v, f"{where}.{k}") for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v, f"{where}[{i}]") for i, v in enumerate(value)]
-    if isinstance(value, os.PathLike):
-        return os.fspath(value)
-    if isinstance(value, (np.bool_, np.integer, np.floating)):
-        return value.item()
-    if value is None or isinstance(value, (str, int, float, bool)):
-        return value
-    raise TypeError(f"{where}: cannot store {type(value).__name__} {value!r} as JSON")
-
-
-def library_versions() -> dict[str, str]:
-    versions = {"python": platform.python_version()}
-    for package in _VERSIONED_PACKAGES:
-        try:
-            versions[package] = importlib.metadata.version(package)
-        except importlib.metadata.PackageNotFoundError:
-            versions[package] = "not installed"
-    return versions
-
-
-@functools.cache
-def code_revision() -> dict[str, Any] | None:
-    """{"commit": HEAD's sha, "dirty": tracked files changed} of the git checkout holding
-    this module; None outside a checkout (or without git)."""
-    here = str(Path(__file__).resolve().parent)
-
-    def git(*args: str) -> str:
-        return subprocess.run(["git", "-C", here, *args], capture_output=True, text=True,
-                              timeout=10, check=True).stdout.strip()
-
-    try:
-        commit = git("rev-parse", "HEAD")
-        dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return {"commit": commit, "dirty": dirty}
-
-
-def flat_keys(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """{"a.b.c": value} for a nested mapping (the dotted keys of config overrides)."""
-    flat = {}
-    for key, value in tree.items():
-        if isinstance(value, Mapping):
-            flat.update(flat_keys(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
-
-
-def config_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
-    """"key: old -> new" for every dotted key whose value differs (JSON-level)."""
-    before, after = flat_keys(_json_safe(old, "config")), flat_keys(_json_safe(new, "config"))
-    return [f"{key}: {before.get(key, '(unset)')!r} -> {after.get(key, '(unset)')!r}"
-            for key in sorted(set(before) | set(after)) if before.get(key) != after.get(key)]
-
-
-# ----------------------------------------------------------------------------- run files
-
-
-def save_run_files(
-    run_dir: str | os.PathLike, *, config: Mapping[str, Any], tokenizer=None
-) -> None:
-    """Writes run_dir/config.json and run_dir/tokenizer/ once, beside the checkpoints.
-
-    config: the run's JSON-serialisable config dict. If config.json exists with different
-        content (a resumed run with changed settings), it is kept and the new config is written
-        to config.<UTC time>.json, unless an earlier attempt already wrote the same one.
-    tokenizer: a train.data.tokenizer tokenizer or None. An existing run_dir/tokenizer must have
-        the same fingerprint (ValueError otherwise: changing tokenisation mid-run is an error).
-    """
-    run = Path(run_dir)
-    run.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(_json_safe(config, "config"), indent=2, sort_keys=True) + "\n"
-    config_path = run / CONFIG_FILENAME
-    if not config_path.exists():
-        config_path.write_text(text)
-    elif config_path.read_text() != text and not any(
-            copy.read_text() == text for copy in run.glob("config.*.json")):
-        stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-        config_path.with_name(f"config.{stamp}.json").write_text(text)
-        log.info("config differs from %s (the trainer warns naming the keys); kept it and "
-                 "wrote config.%s.json", config_path, stamp)
-    if tokenizer is None:
-        return
-    tokenizer_dir = run / TOKENIZER_DIRNAME
-    if tokenizer_dir.exists():
-        from train.data.tokenizer import load_tokenizer
-
-        saved = load_tokenizer(tokenizer_dir)
-        if saved.fingerprint != tokenizer.fingerprint:
-            raise ValueError(
-                f"tokenizer: differs from the one saved in {tokenizer_dir} "
-                f"({tokenizer!r} vs {saved!r}); a run keeps one tokenizer"
-            )
-    else:
-        tokenizer.save(tokenizer_dir)
-
-
-class RunConfigError(ValueError):
-    """run_dir/config.json exists but is not a JSON object (damaged or edited by hand)."""
-
-
-def load_run_config(run_dir: str | os.PathLike) -> dict[str, Any]:
-    """The config dict written by `save_run_files`; FileNotFoundError naming the directory
-    when it is not a run directory, RunConfigError naming the file when it is not a JSON
-    object."""
-    path = Path(run_dir) / CONFIG_FILENAME
-    if not Path(run_dir).exists():
-        raise FileNotFoundError(f"{run_dir}: run directory does not exist")
-    if not path.is_file():
-        raise FileNotFoundError(f"{run_dir}: not a run directory (no {CONFIG_FILENAME})")
-    try:
-        config = json.loads(path.read_text())
-    except UnicodeDecodeError as error:
-        raise RunConfigError(f"{path} is not valid JSON (not UTF-8 text: {error.reason} at "
-                             f"byte {error.start})") from error
-    except json.JSONDecodeError as error:
-        raise RunConfigError(f"{path} is not valid JSON ({error})") from error
-    if not isinstance(config, dict):
-        raise RunConfigError(f"{path} is not a JSON object (holds a {type(config).__name__})")
-    return config
-
-
-# ----------------------------------------------------------------------------- iterator item
-
-
-class _EncodedIteratorState:
-    """An encoded iterator state, shown to grain's handler the way a DataLoaderIterator shows
-    its own: get_state() -> bytes, set_state(bytes). grain writes and reads the file."""
-
-    def __init__(self, text: str = ""):
-        self.text = text
-
-    def get_state(self) -> bytes:
-        return self.text.encode()
-
-    def set_state(self, encoded: bytes) -> None:
-        self.text = encoded.decode()
-
-    def start_prefetch(self) -> None:
-        """grain's restore calls this; there is nothing to prefetch."""
-
-
-class _IteratorStateHandler(grain.checkpoint.CheckpointHandler):
-    """grain's iterator handler (process_<i>-of-<n>.json per process); only the encoding
-    differs: `encode_iterator_state` keeps the tuples that plain JSON would turn into lists."""
-
-    def save(self, directory, item=None, args=None):
-        super().save(directory, args=grain.checkpoint.CheckpointSave(
-            _EncodedIteratorState(args.state_json)))
-
-    def restore(self, directory, item=None, args=None):
-        encoded = _EncodedIteratorState()
-        super().restore(directory, args=grain.checkpoint.CheckpointRestore(encoded))
-        return decode_iterator_state(encoded.text)
-
-
-@ocp.args.register_with_handler(_IteratorStateHandler, for_save=True)
-@dataclasses.dataclass
-class IteratorStateSave(ocp.args.CheckpointArgs):
-    state_json: str                 # encode_iterator_state(iterator.get_state()), taken at save
-
-
-@ocp.args.register_with_handler(_IteratorStateHandler, for_restore=True)
-@dataclasses.dataclass
-class IteratorStateRestore(ocp.args.CheckpointArgs):
-    pass
-
-
-# ----------------------------------------------------------------------------- state helpers
-
-
-def _is_prng_key(x: Any) -> bool:
-    return jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
-
-
-def _storable_state(state: Any) -> tuple[Any, dict[str, str]]:
-    """Replaces typed PRNG key arrays by their uint32 key data; returns (tree, {path: impl})."""
-    impls: dict[str, str] = {}
-
-    def convert(path, leaf):
-        if not hasattr(leaf, "shape") or not hasattr(leaf, "dtype"):
-            raise TypeError(
-                f"state{jax.tree_util.keystr(path)}: expected an array, got {type(leaf).__name__}"
-            )
-        if _is_prng_key(leaf):
-            impls[jax.tree_util.keystr(path)] = str(jax.random.key_impl(leaf))
-            return jax.random.key_data(leaf)
-        return leaf
-
-    return jax.tree_util.tree_map_with_path(convert, state), impls
-
-
-def _abstract_storable(abstract_state: Any) -> tuple[Any, dict[str, str]]:
-    """ShapeDtypeStructs (with shardings) of what `_storable_state` stores; {path: key dtype}."""
-    key_dtypes: dict[str, str] = {}
-
-    def convert(path, leaf):
-        where = f"abstract_state{jax.tree_util.keystr(path)}"
-        if isinstance(leaf, jax.Array):
-            leaf = jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=leaf.sharding)
-        if not isinstance(leaf, jax.ShapeDtypeStruct):
-            raise TypeError(
-                f"{where}: expected jax.ShapeDtypeStruct or jax.Array, got {type(leaf).__name__}"
-            )
-        if leaf.sharding is None:
-            raise ValueError(
-                f"{where}: has no sharding; pass jax.ShapeDtypeStruct(shape, dtype, sharding=...)"
-            )
-        if _is_prng_key(leaf):
-            key_dtypes[jax.tree_util.keystr(path)] = str(leaf.dtype)
-            data = jax.eval_shape(jax.random.key_data, leaf)
-            return jax.ShapeDtypeStruct(data.shape, data.dtype, sharding=leaf.sharding)
-        return leaf
-
-    return jax.tree_util.tree_map_with_path(convert, abstract_state), key_dtypes
-
-
-_FINGERPRINT_MULTIPLIERS = (0x9E3779B1, 0x85EBCA77, 0xC2B2AE3D, 0x27D4EB2F, 0x165667B1,
-                            0xD3A2646C, 0xFD7046C5, 0xB55A4F09)
-
-
-def _leaf_fingerprint(x: jax.Array) -> jax.Array:
-    if x.dtype == jnp.bool_:
-        bits = x.astype(jnp.uint32)
-    elif x.dtype.itemsize in (1, 2):
-        narrow = jnp.uint8 if x.dtype.itemsize == 1 else jnp.uint16
-        bits = jax.lax.bitcast_convert_type(x, narrow).astype(jnp.uint32)
-    elif x.dtype.itemsize in (4, 8):
-        bits = jax.lax.bitcast_convert_type(x, jnp.uint32)  # 8-byte: trailing axis of 2
-    else:
-        raise TypeError(f"cannot fingerprint dtype {x.dtype}")
-    index_hash = jnp.zeros(bits.shape, jnp.uint32)
-    for axis in range(bits.ndim):
-        multiplier = jnp.uint32(_FINGERPRINT_MULTIPLIERS[axis % len(_FINGERPRINT_MULTIPLIERS)])
-        position = jax.lax.broadcasted_iota(jnp.uint32, bits.shape, axis)
-        index_hash = index_hash + position * multiplier
-    weights = index_hash * jnp.uint32(2) + jnp.uint32(1)
-    return jnp.sum(bits * weights, dtype=jnp.uint32)
-
-
-@jax.jit
-def _fingerprints(leaves: list[jax.Array]) -> list[jax.Array]:
-    return [_leaf_fingerprint(x) for x in leaves]
-
-
-def _leaf_records(storable: Any, with_fingerprints: bool) -> list[dict[str, Any]]:
-    flat, _ = jax.tree_util.tree_flatten_with_path(storable)
-    records = [
-        {"path": jax.tree_util.keystr(path), "shape": list(leaf.shape), "dtype": str(leaf.dtype)}
-        for path, leaf in flat
-    ]
-    if with_fingerprints and flat:
-        values = _fingerprints([leaf for _, leaf in flat])
-        for record, value in zip(records, values):
-            record["fingerprint"] = int(np.asarray(value.addressable_data(0)))  # replicated
-    return records
-
-
-def _all_processes(ok: bool) -> bool:
-    """True iff `ok` on every process (so that all processes take the same branch)."""
-    if jax.process_count() == 1:
-        return ok
-    from jax.experimental import multihost_utils
-
-    return bool(np.all(multihost_utils.process_allgather(np.asarray(ok))))
-
-
-class StateMismatchError(ValueError):
-    """The requested state's tree, shapes or dtypes differ from the checkpoint's; `problems`
-    lists each difference ("<path>: checkpoint <shape> <dtype> vs requested ...")."""
-
-    def __init__(self, step: int, problems: list[str]):
-        self.problems = problems
-        super().__init__(
-            f"abstract_state: does not match the state saved at step {step}: "
-            + "; ".join(problems[:8])
-            + (f" (+{len(problems) - 8} more)" if len(problems) > 8 else ""))
-
-
-def _check_tree_matches(recorded: list[dict], requested: list[dict], step: int) -> None:
-    def table(records):
-        return {r["path"]: (tuple(r["shape"]), r["dtype"]) for r in records}
-
-    saved, wanted = table(recorded), table(requested)
-    problems = [f"missing in checkpoint: {p}" for p in wanted if p not in saved]
-    problems += [f"not in abstract_state: {p}" for p in saved if p not in wanted]
-    problems += [
-        f"{p}: checkpoint {saved[p][0]} {saved[p][1]} vs requested {wanted[p][0]} {wanted[p][1]}"
-        for p in wanted if p in saved and saved[p] != wanted[p]
-    ]
-    if problems:
-        raise StateMismatchError(step, problems)
-
-
-def _with_ignored_entries(abstract_state: Any, recorded_leaves: list[dict],
-                          ignore_saved: Collection[str]) -> tuple[Any, list[str]]:
-    """abstract_state plus a replicated ShapeDtypeStruct for each `ignore_saved` key that the
-    step holds as a top-level array and abstract_state lacks; and those keys."""
-    if not ignore_saved:
-        return abstract_state, []
-    if not isinstance(abstract_state, Mapping):
-        raise TypeError(f"abstract_state: ignore_saved needs a dict state, got "
-                        f"{type(abstract_state).__name__}")
-    recorded = {r["path"]: r for r in recorded_leaves}
-    template = jax.tree.leaves(abstract_state)[0].sharding
-    replicated = (NamedSharding(template.mesh, PartitionSpec())
-                  if isinstance(template, NamedSharding) else template)
-    extended, ignored = dict(abstract_state), []
-    for name in ignore_saved:
-        saved = recorded.get(jax.tree_util.keystr((jax.tree_util.DictKey(name),)))
-        if name in abstract_state or saved is None:
-            continue
-        extended[name] = jax.ShapeDtypeStruct(tuple(saved["shape"]), jnp.dtype(saved["dtype"]),
-                                              sharding=replicated)
-        ignored.append(name)
-    return extended, ignored
-
-
-# ----------------------------------------------------------------------------- failed reads
-
-
-class _DrainingLoopPolicy(asyncio.DefaultEventLoopPolicy):
-    """Event loops that let their unfinished tasks finish before closing (asyncio.run
-    cancels and awaits them).
-
-    Orbax runs each restore in a fresh loop (run_until_complete, then close, without that
-    step) and reads the arrays with asyncio.gather. When one read fails, the gather raises at
-    once and the loop closes while the other reads are still in flight: their tensorstore
-    futures later call back into the closed loop ("RuntimeError: Event loop is closed" with a
-    traceback, from tensorstore's threads, often at interpreter exit) and their failed tasks
-    are logged when collected ("Task exception was never retrieved")."""
-
-    def new_event_loop(self) -> asyncio.AbstractEventLoop:
-        loop = super().new_event_loop()
-        close = loop.close
-
-        def drain_then_close() -> None:
-            if not loop.is_closed() and not loop.is_running():
-                # also runs the callbacks queued before it (gather marking the exceptions of
-                # reads that failed after the first one as retrieved)
-                loop.run_until_complete(_settle(asyncio.all_tasks(loop)))
-            close()
-
-        loop.close = drain_then_close
-        return loop
-
-
-_SETTLE_SECONDS = 60.0
-
-
-async def _settle(tasks: set[asyncio.Task]) -> None:
-    """Lets `tasks` finish (cancelling those still running after _SETTLE_SECONDS) and marks
-    their errors as seen. Reads are not cancelled at once: a cancelled tensorstore read may
-    still call back into the loop after it closed."""
-    if tasks:
-        _, late = await asyncio.wait(tasks, timeout=_SETTLE_SECONDS)
-        for task in late:
-            task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
-
-
-# absl status codes, as tensorstore starts its error messages
-_STATUS_CODES = ("CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
-                 "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED",
-                 "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL",
-                 "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED")
-_STATUS_CODE = re.compile(r"\b(" + "|".join(_STATUS_CODES) + r"): ")
-
-
-def _read_failure(item: str, error: BaseException) -> str:
-    """A few words on a failed Orbax read of `item` (e.g. "OUT_OF_RANGE reading state"): the
-    status code of the innermost error that has one (orbax's own messages embed whole
-    tensorstore specs), else the innermost error, shortened."""
-    chain = [error]
-    while (cause := chain[-1].__cause__ or chain[-1].__context__) and cause not in chain:
-        chain.append(cause)
-    for inner in reversed(chain):
-        if code := _STATUS_CODE.search(str(inner)):
-            return f"{code.group(1)} reading {item}"
-    inner = chain[-1]
-    message = " ".join(str(inner).split())
-    message = message if len(message) <= 120 else message[:117] + "..."
-    return f"{type(inner).__name__} reading {item}" + (f": {message}" if message else "")
-
-
-def _unreadable_steps(failures: Mapping[int, str]) -> str:
-    """"step 4 is unreadable (why)" or "steps 6, 4 are unreadable (step 6: why; step 4: why)"."""
-    if len(failures) == 1:
-        [(step, problem)] = failures.items()
-        return f"step {step} is unreadable ({problem})"
-    problems = set(failures.values())
-    why = (problems.pop() if len(problems) == 1
-           else "; ".join(f"step {step}: {problem}" for step, problem in failures.items()))
-    return f"steps {', '.join(map(str, failures))} are unreadable ({why})"
-
-
-_LOOP_POLICY_LOCK = threading.Lock()
-
-
-@contextlib.contextmanager
-def _failed_reads_cleaned_up():
-    """Orbax calls inside this block leave no reads running after a failure (see
-    _DrainingLoopPolicy); a process with its own event loop policy (e.g. uvloop's) keeps it."""
-    with _LOOP_POLICY_LOCK:
-        previous = asyncio.get_event_loop_policy()
-        if type(previous) is not asyncio.DefaultEventLoopPolicy:
-            yield
-            return
-        asyncio.set_event_loop_policy(_DrainingLoopPolicy())
-        try:
-            yield
-        finally:
-            asyncio.set_event_loop_policy(previous)
-
-
-# ----------------------------------------------------------------------------- checkpointer
 
 
 @dataclasses.dataclass
@@ -671,20 +193,20 @@ class Checkpointer:
             return False
         if not force and not self._manager.should_save(step):
             return False
-        storable, key_impls = _storable_state(state)
+        storable, key_impls = storable_state(state)
         record = {
             "step": step,
             "wall_time": time.time(),
             "versions": library_versions(),
-            "config": _json_safe(config or {}, "config"),
+            "config": json_safe(config or {}, "config"),
             "command_line": list(sys.argv),
             "code": code_revision(),
-            "extra": _json_safe(extra or {}, "extra"),
-            "progress": _json_safe(progress or {}, "progress"),
+            "extra": json_safe(extra or {}, "extra"),
+            "progress": json_safe(progress or {}, "progress"),
             "process_count": jax.process_count(),
             "has_iterator_state": data_iterator is not None,
             "prng_keys": key_impls,
-            "leaves": _leaf_records(storable, self._verify),
+            "leaves": leaf_records(storable, self._verify),
         }
         items = {
             "state": ocp.args.StandardSave(storable),
@@ -730,12 +252,12 @@ class Checkpointer:
                     f"; moved {'it' if len(failures) == 1 else 'them'} to "
                     f"{self.directory / QUARANTINE_DIRNAME}")
                 log.warning("%s: checkpoint %s; restored step %d instead%s", self.directory,
-                            _unreadable_steps(failures), step, moved)
+                            unreadable_steps(failures), step, moved)
                 if not self.read_only:
                     self._quarantine(list(failures))
             return restored
         raise NoReadableCheckpointError(
-            f"no readable checkpoint in {self.directory}: {_unreadable_steps(failures)}")
+            f"no readable checkpoint in {self.directory}: {unreadable_steps(failures)}")
 
     def restore(
         self, step: int, abstract_state: Any, data_iterator: Any = None, *,
@@ -760,12 +282,12 @@ class Checkpointer:
         """(the restored Composite, None), or (None, a one-line gist of what failed); the
         full error is logged at INFO (-v)."""
         try:
-            with _failed_reads_cleaned_up():
+            with failed_reads_cleaned_up():
                 return self._manager.restore(step, args=ocp.args.Composite(**items)), None
         except Exception as error:  # noqa: BLE001 - any failure to read means unreadable
             log.info("checkpoint step %d in %s: reading %s failed", step, self.directory,
                      " and ".join(items), exc_info=True)
-            return None, _read_failure(" and ".join(items), error)
+            return None, read_failure(" and ".join(items), error)
 
     def _restore_step(
         self, step: int, abstract_state: Any, data_iterator: Any, ignore_saved: Collection[str]
@@ -777,12 +299,12 @@ class Checkpointer:
                 recorded_leaves, recorded_keys = record["leaves"], record["prng_keys"]
             except (KeyError, TypeError) as error:
                 problem = f"record is incomplete ({type(error).__name__}: {error})"
-        if not _all_processes(problem is None):
+        if not all_processes(problem is None):
             raise UnreadableCheckpointError(problem or "record unreadable on another process")
-        abstract_state, ignored = _with_ignored_entries(abstract_state, recorded_leaves,
+        abstract_state, ignored = with_ignored_entries(abstract_state, recorded_leaves,
                                                         ignore_saved)
-        abstract, key_dtypes = _abstract_storable(abstract_state)
-        _check_tree_matches(recorded_leaves, _leaf_records(abstract, False), step)
+        abstract, key_dtypes = abstract_storable(abstract_state)
+        check_tree_matches(recorded_leaves, leaf_records(abstract, False), step)
         if set(recorded_keys) != set(key_dtypes):
             raise ValueError(
                 f"abstract_state: PRNG key leaves {sorted(key_dtypes)} differ from the saved "
@@ -801,12 +323,12 @@ class Checkpointer:
             log.warning("checkpoint step %d has no data-iterator state; the iterator is left "
                         "where it is", step)
         restored, problem = self._read(step, items)
-        if not _all_processes(problem is None):
+        if not all_processes(problem is None):
             raise UnreadableCheckpointError(problem or "arrays unreadable on another process")
         storable = restored["state"]
         iterator_state = restored["iterator"] if "iterator" in items else None
         if self._verify and recorded_leaves and "fingerprint" in recorded_leaves[0]:
-            actual = _leaf_records(storable, True)
+            actual = leaf_records(storable, True)
             bad = [a["path"] for a, r in zip(actual, recorded_leaves)
                    if a["fingerprint"] != r["fingerprint"]]
             if bad:
@@ -858,65 +380,3 @@ class Checkpointer:
 
     def __exit__(self, *exc_info) -> None:
         self.close()
-
-
-# ----------------------------------------------------------------------------- preemption
-
-
-class PreemptionFlag:
-    """Set by SIGTERM/SIGINT. `bool(flag)` is True once a stop was requested.
-
-    Use as a context manager (or call `uninstall()`) to restore the previous handlers. A
-    second SIGINT after a stop was requested raises KeyboardInterrupt (impatient Ctrl-C).
-    """
-
-    def __init__(self, signals: Sequence[int]):
-        self.requested = False
-        self.signal_name: str | None = None
-        self._previous = {}
-        for signum in signals:
-            self._previous[signum] = signal.signal(signum, self._handle)
-
-    def _handle(self, signum, frame) -> None:
-        name = signal.Signals(signum).name
-        if self.requested and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        self.requested = True
-        self.signal_name = self.signal_name or name
-        log.warning("received %s: will save a checkpoint and stop after the current step", name)
-
-    def __bool__(self) -> bool:
-        return self.requested
-
-    def uninstall(self) -> None:
-        for signum, previous in self._previous.items():
-            signal.signal(signum, previous)
-        self._previous = {}
-
-    def __enter__(self) -> "PreemptionFlag":
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.uninstall()
-
-
-def install_preemption_handler(
-    signals: Sequence[int] = (signal.SIGTERM, signal.SIGINT),
-) -> PreemptionFlag:
-    """Installs handlers for `signals` (main thread only) and returns the flag they set.
-
-    Loop pattern:
-        with install_preemption_handler() as stop:
-            for step in ...:
-                ...train step...
-                checkpointer.save(step, state=..., data_iterator=it)
-                if stop:
-                    checkpointer.save(step, state=..., data_iterator=it, force=True)
-                    checkpointer.wait_until_finished()
-                    break
-    With several processes, a signal may reach only some of them: combine the flag across
-    processes (or use `Checkpointer.reached_preemption(step)`) before acting on it.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        raise RuntimeError("install_preemption_handler: must be called from the main thread")
-    return PreemptionFlag(signals)

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from train.cli import UserError
 from train.cli.common import add_command_with_config, non_negative_int, positive_int, start_jax
-from train.core.config import load_config
 from train.core.metrics import format_rate, format_table
+from train.core.presets import load_config
 
 
 def add_bench_command(commands) -> None:

@@ -7,8 +7,9 @@ import argparse
 from pathlib import Path
 
 from train.cli import EXIT_PREEMPTED, UserError
-from train.core.config import Config, load_config
+from train.core.config import Config
 from train.core.metrics import format_duration, format_rate, format_table
+from train.core.presets import load_config
 from train.core.sharding import maybe_initialize_distributed
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import yaml
 
 from train.cli.common import add_command_with_config, differences_line
-from train.core.config import load_config
+from train.core.presets import load_config
 
 
 def add_config_command(commands) -> None:

@@ -138,8 +138,8 @@ def main(argv: list[str] | None = None) -> int:
         from yaml import YAMLError
 
         # deferred: keeps orbax, optax and grain out of `--help`, `config` and refusals
-        from train.checkpoint.manager import (NoReadableCheckpointError, RunConfigError,
-                                              UnreadableCheckpointError)
+        from train.checkpoint.manager import NoReadableCheckpointError, UnreadableCheckpointError
+        from train.checkpoint.run_files import RunConfigError
         from train.core.fit import DivergenceError, RunSetupError
         from train.core.memory import DeviceMemoryError
         from train.core.metrics import MetricsFileError

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from train.cli.common import (add_command_with_config, add_run_dir_options, fit_exit_code,
                               fit_summary, run_dir, start_jax)
-from train.core.config import load_config
+from train.core.presets import load_config
 
 
 def add_fit_command(commands) -> None:

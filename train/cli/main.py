@@ -4,7 +4,7 @@ end (what ./dev.sh main runs): train, plot, and a summary table."""
 from __future__ import annotations
 
 from train.cli.common import fit_exit_code, fit_summary, run_dir, start_jax
-from train.core.config import load_config
+from train.core.presets import load_config
 from train.tools.plot import plot_run
 
 MAIN_PRESET = "tiny_fpa"

@@ -30,7 +30,7 @@ def command_prepare(args) -> int:
     """Every ValueError (and an existing manifest) here is about the user's --source, --out or
     sizes: raised as a one-line UserError."""
     # deferred: keeps grain and tokenizers out of `--help`
-    from train.data.pipeline import resolve_source, write_arrayrecord_shards
+    from train.data.sources import resolve_source, write_arrayrecord_shards
     from train.data.tokenizer import ByteTokenizer, train_bpe
 
     out = Path(args.out)

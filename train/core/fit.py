@@ -47,7 +47,11 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 
-from train.checkpoint import manager as ckpt
+from train.checkpoint.manager import Checkpointer, RestoredCheckpoint
+from train.checkpoint.preemption import PreemptionFlag, install_preemption_handler
+from train.checkpoint.run_files import (CONFIG_FILENAME, config_changes, load_run_config,
+                                        save_run_files)
+from train.checkpoint.state_tree import StateMismatchError
 from train.core.config import Config, ConfigError
 from train.core.evaluate import evaluate
 from train.core.memory import (MemoryEstimate, check_fits, device_memory_bytes, describe_limit,
@@ -67,12 +71,12 @@ class FitHooks:
 
     initial(session) -> (params or None, extra): a fresh run starts from these params (None:
         the random init) and saves `extra` with its checkpoints.
-    resume(restored) -> extra: a resumed run's checkpoint (ckpt.RestoredCheckpoint); returns
+    resume(restored) -> extra: a resumed run's checkpoint (RestoredCheckpoint); returns
         the extra to save from now on, or raises to refuse the run directory.
     """
 
     initial: Callable[[Session], tuple[Any, dict[str, Any]]] | None = None
-    resume: Callable[[ckpt.RestoredCheckpoint], dict[str, Any]] | None = None
+    resume: Callable[[RestoredCheckpoint], dict[str, Any]] | None = None
 
 
 @dataclasses.dataclass
@@ -135,8 +139,8 @@ def _restore_latest(checkpointer, session, data_iterator, run_dir: Path, config:
     try:
         return checkpointer.restore_latest(session.abstract_state, data_iterator=data_iterator,
                                            ignore_saved=RETIRED_STATE_KEYS)
-    except ckpt.StateMismatchError as error:
-        changes = ckpt.config_changes(ckpt.load_run_config(run_dir), config.to_dict())
+    except StateMismatchError as error:
+        changes = config_changes(load_run_config(run_dir), config.to_dict())
         shown = "; ".join(changes[:6]) + (f" (+{len(changes) - 6} more)" if len(changes) > 6
                                           else "")
         raise RunSetupError(
@@ -165,14 +169,14 @@ def _fit_locked(config: Config, run_dir: Path, hooks: FitHooks, mesh: Mesh | Non
         _check_data_order(config, run_dir)
         tokenizer = load_tokenizer(config.data.tokenizer)
         session = build_session(config, tokenizer.vocab_size, mesh)
-        ckpt.save_run_files(run_dir, config=config.to_dict(), tokenizer=tokenizer)
+        save_run_files(run_dir, config=config.to_dict(), tokenizer=tokenizer)
         train_iterator = iter(make_split_dataset(config, tokenizer, "train"))
         eval_dataset = make_split_dataset(config, tokenizer, "eval")
     memory = estimate_train_memory(config, session.abstract_state, tokenizer.vocab_size,
                                    session.mesh.shape)
     memory_limit = device_memory_bytes()
     check_fits(config, memory, memory_limit)     # before anything is allocated or compiled
-    checkpointer = ckpt.Checkpointer(
+    checkpointer = Checkpointer(
         checkpoint_dir(run_dir), max_to_keep=t.keep_checkpoints,
         save_interval_steps=t.checkpoint_every or (t.steps + 1))
     bar = ProgressBar(t.steps)
@@ -187,7 +191,7 @@ def _fit_locked(config: Config, run_dir: Path, hooks: FitHooks, mesh: Mesh | Non
                 extra = (hooks.resume(restored) if hooks.resume
                          else dict(restored.record.get("extra", {})))
                 bar.message(f"resumed from step {start_step} ({checkpointer.directory})")
-                changes = ckpt.config_changes(restored.record.get("config", {}), config.to_dict())
+                changes = config_changes(restored.record.get("config", {}), config.to_dict())
                 if changes:
                     bar.message("warning: the config differs from the checkpoint's in "
                                 + "; ".join(changes))
@@ -260,7 +264,7 @@ def _fit_locked(config: Config, run_dir: Path, hooks: FitHooks, mesh: Mesh | Non
         return result
 
     try:
-        with ckpt.install_preemption_handler() as stop, mesh_context(session.mesh):
+        with install_preemption_handler() as stop, mesh_context(session.mesh):
             while step < t.steps:
                 batch = to_global(session, next(train_iterator))
                 if step == start_step:
@@ -321,10 +325,10 @@ def _raise_out_of_memory(error: Exception, config: Config) -> None:
 def _check_data_order(config: Config, run_dir: Path) -> None:
     """A resumed run keeps the data.shuffle mode its checkpoints' iterator state was saved in
     (config.json of runs before the option existed: "window")."""
-    config_path = run_dir / ckpt.CONFIG_FILENAME
+    config_path = run_dir / CONFIG_FILENAME
     if not config_path.is_file():
         return
-    saved = ckpt.load_run_config(run_dir).get("data", {}).get("shuffle", "window")
+    saved = load_run_config(run_dir).get("data", {}).get("shuffle", "window")
     if saved != config.data.shuffle and checkpoint_steps(run_dir):
         raise RunSetupError(
             f"data.shuffle={config.data.shuffle!r} differs from this run's data.shuffle="
@@ -414,7 +418,7 @@ class _StepLog:
         return self.tokens_per_step * self.timed_steps / self.timed_seconds
 
 
-def _stop_everywhere(stop: ckpt.PreemptionFlag, step: int, every: int) -> bool:
+def _stop_everywhere(stop: PreemptionFlag, step: int, every: int) -> bool:
     """A stop requested on any process stops every process (at the same step).
 
     One process: checked every step (a host flag, no device sync). Several processes: the

@@ -31,9 +31,12 @@ from pathlib import Path
 
 import jax
 
-from train.checkpoint import manager as ckpt
-from train.core.config import Config, config_from_dict, load_config
+from train.checkpoint.manager import Checkpointer, RestoredCheckpoint, UnreadableCheckpointError
+from train.checkpoint.run_files import (CONFIG_FILENAME, TOKENIZER_DIRNAME, flat_keys,
+                                        load_run_config)
+from train.core.config import Config
 from train.core.metrics import METRICS_FILE
+from train.core.presets import config_from_dict, load_config
 from train.core.session import RETIRED_STATE_KEYS, Session
 from train.data.tokenizer import Tokenizer, load_tokenizer
 
@@ -55,18 +58,18 @@ def checkpoint_dir(run_dir: str | Path) -> Path:
 def load_run(run_dir: str | Path) -> tuple[Config, Tokenizer]:
     """The config (run_dir/config.json) and tokenizer (run_dir/tokenizer) of a run."""
     run_dir = Path(run_dir)
-    config = config_from_dict(ckpt.load_run_config(run_dir))
-    tokenizer_dir = run_dir / ckpt.TOKENIZER_DIRNAME
+    config = config_from_dict(load_run_config(run_dir))
+    tokenizer_dir = run_dir / TOKENIZER_DIRNAME
     tokenizer = load_tokenizer(tokenizer_dir if tokenizer_dir.exists() else config.data.tokenizer)
     return config, tokenizer
 
 
 def restore_run_state(run_dir: str | Path, session: Session,
-                      step: int | None = None) -> ckpt.RestoredCheckpoint:
+                      step: int | None = None) -> RestoredCheckpoint:
     """The newest (or given) checkpoint of a run, restored onto `session`'s shardings.
     Read-only: nothing in the run directory is moved or deleted (an unreadable newest step is
     skipped, not quarantined; an unreadable requested `step` raises)."""
-    checkpointer = ckpt.Checkpointer(checkpoint_dir(run_dir), read_only=True)
+    checkpointer = Checkpointer(checkpoint_dir(run_dir), read_only=True)
     try:
         if step is None:
             restored = checkpointer.restore_latest(session.abstract_state,
@@ -80,8 +83,8 @@ def restore_run_state(run_dir: str | Path, session: Session,
         try:
             return checkpointer.restore(step, session.abstract_state,
                                         ignore_saved=RETIRED_STATE_KEYS)
-        except ckpt.UnreadableCheckpointError as error:
-            raise ckpt.UnreadableCheckpointError(
+        except UnreadableCheckpointError as error:
+            raise UnreadableCheckpointError(
                 f"{run_dir}: checkpoint step {step} is unreadable: {error}") from error
     finally:
         checkpointer.close()
@@ -97,7 +100,7 @@ def checkpoint_steps(run_dir: str | Path) -> list[int]:
 
 def config_differences(preset: Config, config: Config) -> dict[str, object]:
     """Dotted keys whose resolved value in `config` differs from `preset` (train.run_dir aside)."""
-    base, resolved = ckpt.flat_keys(preset.to_dict()), ckpt.flat_keys(config.to_dict())
+    base, resolved = flat_keys(preset.to_dict()), flat_keys(config.to_dict())
     return {key: value for key, value in sorted(resolved.items())
             if key != "train.run_dir" and base.get(key) != value}
 
@@ -182,7 +185,7 @@ def _progress(run_dir: Path) -> tuple:
 
 def _is_setup_file(name: str) -> bool:
     """The files a run writes before its first step (config, its copies, tokenizer, lock)."""
-    return (name in (ckpt.CONFIG_FILENAME, ckpt.TOKENIZER_DIRNAME, LOCK_FILE)
+    return (name in (CONFIG_FILENAME, TOKENIZER_DIRNAME, LOCK_FILE)
             or (name.startswith("config.") and name.endswith(".json")))
 
 

@@ -32,13 +32,14 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding
 
-from train.core.config import Config, validate_for_devices
-from train.data.pipeline import make_dataset
+from train.core.config import Config
 from train.core.model import LanguageModel, build_model
 from train.core.optimizer import build_optimizer, learning_rate_schedule
 from train.core.sharding import (batch_sharding, global_batch, logical_shardings, make_mesh,
                                  replicated, state_shardings)
 from train.core.step import State, make_eval_step, make_train_step
+from train.core.validation import validate_for_devices
+from train.data.pipeline import make_dataset
 from train.data.tokenizer import Tokenizer
 
 RETIRED_STATE_KEYS = ("rng",)   # a per-step PRNG key, split and saved but never used

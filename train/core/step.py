@@ -34,8 +34,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from train.data.pipeline import split_inputs_and_targets
 from train.core.model import positions_within_documents
+from train.data.pipeline import split_inputs_and_targets
 
 State = dict[str, Any]
 

@@ -38,9 +38,10 @@ import jax
 from fpa_jax.baselines.rope_scaling import abf_base
 from gdn_jax.spectral_shift import spectral_shift, spectralshift_scale
 from train.checkpoint.manager import RestoredCheckpoint
-from train.core.config import Config, ConfigError, config_from_dict
+from train.core.config import Config, ConfigError
 from train.core.fit import FitHooks, FitResult, RunSetupError, fit
 from train.core.metrics import progress_line
+from train.core.presets import config_from_dict
 from train.core.runs import checkpoint_steps, load_run, restore_run_state
 from train.core.session import Session, build_session
 from train.data.tokenizer import Tokenizer, load_tokenizer

@@ -62,9 +62,9 @@ def compare_model(size: str, model: str, runs_dir: Path, overrides: list[str],
                   samples: int) -> dict | None:
     """Train (or resume) one model, then evaluate it; the row of the table and its details
     (None: training was stopped by a signal after checkpointing)."""
-    from train.core.config import load_config
     from train.core.evaluate import evaluate_run
     from train.core.fit import fit
+    from train.core.presets import load_config
     from train.experiments.long_eval import evaluate_long
 
     config = load_config(f"lmc_{size}_{model}", overrides)

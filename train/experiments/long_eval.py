@@ -25,9 +25,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from train.core.metrics import format_duration
 from train.experiments.long_eval_tasks import (DEFAULT_DEPTHS, TASKS, answer_correct, check_tasks,
                                                make_sample)
-from train.core.metrics import format_duration
 
 DEFAULT_LENGTH_FACTORS = (1, 2, 4, 8)
 SCORING = ("teacher-forced exact match: every answer token is the argmax of the model's "

@@ -40,7 +40,8 @@ from typing import Any
 
 import yaml
 
-from train.core.config import CONFIG_DIR, Config, ConfigError, load_config
+from train.core.config import Config, ConfigError
+from train.core.presets import CONFIG_DIR, load_config
 from train.core.runs import DEFAULT_RUNS_DIR, checkpoint_steps
 
 STAGES_DIR = CONFIG_DIR / "stages"
@@ -183,8 +184,8 @@ def _started_from(run_dir: Path) -> int | None:
     """The reference step that a stage's SpectralShift marker records (newest readable
     checkpoint record); None if none says (the stage's own run reports unreadable ones)."""
     from train.checkpoint.manager import Checkpointer, UnreadableCheckpointError
-    from train.experiments.cpt import applied_markers
     from train.core.runs import checkpoint_dir
+    from train.experiments.cpt import applied_markers
 
     checkpointer = Checkpointer(checkpoint_dir(run_dir), read_only=True)
     try:
@@ -203,8 +204,8 @@ def check_chain(planned: list[PlannedStage]) -> None:
     """Refuses (RunSetupError) a stage directory that would leave the chain mixed (module doc):
     checkpoints past its train.steps, or a start from another step of its reference than the
     one the chain now extends. Reads checkpoint records only; changes nothing."""
-    from train.experiments.cpt import load_reference
     from train.core.fit import RunSetupError
+    from train.experiments.cpt import load_reference
 
     advice = "use another --out directory for the changed chain"
     for index, stage in enumerate(planned):
@@ -245,9 +246,9 @@ def run_curriculum(curriculum: Curriculum, out_dir: str | Path, *, overrides: tu
     was already finished)] up to the first stage stopped by a signal (result.preempted).
     `summarize(planned stage, result)` is called as soon as each stage that ran returns.
     Refuses a chain that a run would leave mixed before anything runs (check_chain)."""
+    from train.core.fit import RunSetupError
     from train.experiments.cpt import (continued_pretraining, load_reference,
                                        reference_checkpoint_step)
-    from train.core.fit import RunSetupError
 
     planned = plan(curriculum, out_dir, overrides, reference)
     names = [p.stage.name for p in planned]

@@ -22,8 +22,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from train.generate import mixers
 from train.core.model import LanguageModel, SwiGLU, _dtype, build_mixer, rms_norm
+from train.generate import mixers
 
 
 class Decoder:

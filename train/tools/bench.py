@@ -58,10 +58,10 @@ from train.core.config import Config
 from train.core.memory import (check_fits, device_memory_bytes, estimate_train_memory,
                                out_of_memory_errors)
 from train.core.model import count_params, resolve_vocab_size
-from train.tools.profile_trace import event_totals
 from train.core.session import build_session, local_batch_size, to_global
 from train.core.sharding import mesh_context
 from train.data.tokenizer import load_tokenizer
+from train.tools.profile_trace import event_totals
 
 TIMED_WINDOWS = 2
 

@@ -30,10 +30,10 @@ def _one_case(preset: str, seq_len: int, batch_size: int, vocab: int, enforce: b
     import jax.numpy as jnp
     import numpy as np
 
-    from train.core.config import load_config
     from train.core.memory import (DeviceMemoryError, check_fits, device_memory_bytes,
                                    estimate_train_memory, out_of_memory_error)
     from train.core.model import resolve_vocab_size
+    from train.core.presets import load_config
     from train.core.session import build_session, to_global
     from train.core.sharding import mesh_context
 
