@@ -140,20 +140,20 @@ def test_rerun_completes_a_final_eval_cut_off_by_a_signal(chain, tmp_path, capsy
 
 def test_summary_of_a_finished_stage_survives_a_sigterm_before_the_next(chain, tmp_path,
                                                                        capsys, monkeypatch):
-    import train.experiments.cpt
+    import train.experiments.stages
 
     _, curriculum, _ = chain
     out = copied(chain, tmp_path)
     for name in ("a", "b"):             # a fresh chain: stage a trains in this run
         shutil.rmtree(out / name)
-    original = train.experiments.cpt.continued_pretraining
+    original = train.experiments.stages.continued_pretraining
 
     def sigterm_when_b_starts(config, run_dir):
         if Path(run_dir).name == "b":
             raise Terminated            # what the CLI's SIGTERM handler raises outside fit
         return original(config, run_dir)
 
-    monkeypatch.setattr(train.experiments.cpt, "continued_pretraining", sigterm_when_b_starts)
+    monkeypatch.setattr(train.experiments.stages, "continued_pretraining", sigterm_when_b_starts)
     capsys.readouterr()
     assert main(["stages", str(curriculum), "--out", str(out), "train.steps=2"]) == EXIT_PREEMPTED
     printed = capsys.readouterr().out

@@ -82,24 +82,6 @@ def code_revision() -> dict[str, Any] | None:
     return {"commit": commit, "dirty": dirty}
 
 
-def flat_keys(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """{"a.b.c": value} for a nested mapping (the dotted keys of config overrides)."""
-    flat = {}
-    for key, value in tree.items():
-        if isinstance(value, Mapping):
-            flat.update(flat_keys(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
-
-
-def config_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
-    """"key: old -> new" for every dotted key whose value differs (JSON-level)."""
-    before, after = flat_keys(json_safe(old, "config")), flat_keys(json_safe(new, "config"))
-    return [f"{key}: {before.get(key, '(unset)')!r} -> {after.get(key, '(unset)')!r}"
-            for key in sorted(set(before) | set(after)) if before.get(key) != after.get(key)]
-
-
 def save_run_files(
     run_dir: str | os.PathLike, *, config: Mapping[str, Any], tokenizer=None
 ) -> None:

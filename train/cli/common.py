@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 
 from train.cli import EXIT_PREEMPTED, UserError
-from train.core.config import Config
+from train.core.config import Config, changed_from_preset
 from train.core.metrics import format_duration, format_rate, format_table
 from train.core.presets import load_config
 from train.core.sharding import maybe_initialize_distributed
@@ -77,10 +77,7 @@ def run_dir(args, config_source: str | None, config: Config, check=None) -> Path
 
 
 def differences_line(config_source: str | None, config: Config) -> str:
-    # deferred: keeps orbax, optax and grain (the trainer) out of `--help`
-    from train.core.runs import config_differences
-
-    differences = config_differences(load_config(config_source, []), config)
+    differences = changed_from_preset(load_config(config_source, []), config)
     where = f"preset {config_source}" if config_source else "the defaults"
     if not differences:
         return f"config: {where}, unchanged"

@@ -8,6 +8,8 @@ from pathlib import Path
 
 from train.cli import UserError
 from train.cli.common import non_negative_int, positive_int
+from train.data.sources import resolve_source, write_arrayrecord_shards
+from train.data.tokenizer import ByteTokenizer, train_bpe
 
 
 def add_prepare_command(commands) -> None:
@@ -29,10 +31,6 @@ def add_prepare_command(commands) -> None:
 def command_prepare(args) -> int:
     """Every ValueError (and an existing manifest) here is about the user's --source, --out or
     sizes: raised as a one-line UserError."""
-    # deferred: keeps grain and tokenizers out of `--help`
-    from train.data.sources import resolve_source, write_arrayrecord_shards
-    from train.data.tokenizer import ByteTokenizer, train_bpe
-
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise UserError(f"--out: {out} is a file, expected a directory")

@@ -11,6 +11,7 @@ refuses impossible combinations.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 ATTENTION_KINDS = ("fpa", "fox", "softmax", "selective", "dcp")
@@ -189,3 +190,34 @@ def _to_plain(value: Any) -> Any:
     if isinstance(value, (tuple, list)):
         return [_to_plain(v) for v in value]
     return value
+
+
+NOT_SET = "(unset)"     # config_differences: the side of a key that one config lacks
+
+
+def flat_keys(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"a.b.c": value} for a nested mapping (the dotted keys of config overrides)."""
+    flat = {}
+    for key, value in tree.items():
+        if isinstance(value, Mapping):
+            flat.update(flat_keys(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def config_differences(old: Mapping[str, Any],
+                       new: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """{dotted key: (old value, new value)}, sorted by key, for every key whose value differs
+    between two config dicts (`Config.to_dict()`, or a run's saved config.json); a key one
+    side lacks counts as None there and is shown as NOT_SET."""
+    before, after = flat_keys(old), flat_keys(new)
+    return {key: (before.get(key, NOT_SET), after.get(key, NOT_SET))
+            for key in sorted(set(before) | set(after)) if before.get(key) != after.get(key)}
+
+
+def changed_from_preset(preset: Config, config: Config) -> dict[str, Any]:
+    """{dotted key: value in `config`} where it differs from `preset` (train.run_dir aside)."""
+    return {key: value for key, (_, value)
+            in config_differences(preset.to_dict(), config.to_dict()).items()
+            if key != "train.run_dir"}

@@ -49,10 +49,9 @@ from jax.sharding import Mesh
 
 from train.checkpoint.manager import Checkpointer, RestoredCheckpoint
 from train.checkpoint.preemption import PreemptionFlag, install_preemption_handler
-from train.checkpoint.run_files import (CONFIG_FILENAME, config_changes, load_run_config,
-                                        save_run_files)
+from train.checkpoint.run_files import CONFIG_FILENAME, load_run_config, save_run_files
 from train.checkpoint.state_tree import StateMismatchError
-from train.core.config import Config, ConfigError
+from train.core.config import Config, ConfigError, config_differences
 from train.core.evaluate import evaluate
 from train.core.memory import (MemoryEstimate, check_fits, device_memory_bytes, describe_limit,
                                estimate_train_memory, out_of_memory_error)
@@ -133,6 +132,12 @@ def _setup_errors():
         raise RunSetupError(str(error)) from error
 
 
+def _changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """"key: old -> new" for every dotted key whose value differs."""
+    return [f"{key}: {before!r} -> {after!r}"
+            for key, (before, after) in config_differences(old, new).items()]
+
+
 def _restore_latest(checkpointer, session, data_iterator, run_dir: Path, config: Config):
     """The newest readable checkpoint (None if there is none). A state that no longer matches
     the config's model is a RunSetupError naming the config keys that changed."""
@@ -140,7 +145,7 @@ def _restore_latest(checkpointer, session, data_iterator, run_dir: Path, config:
         return checkpointer.restore_latest(session.abstract_state, data_iterator=data_iterator,
                                            ignore_saved=RETIRED_STATE_KEYS)
     except StateMismatchError as error:
-        changes = config_changes(load_run_config(run_dir), config.to_dict())
+        changes = _changes(load_run_config(run_dir), config.to_dict())
         shown = "; ".join(changes[:6]) + (f" (+{len(changes) - 6} more)" if len(changes) > 6
                                           else "")
         raise RunSetupError(
@@ -191,7 +196,7 @@ def _fit_locked(config: Config, run_dir: Path, hooks: FitHooks, mesh: Mesh | Non
                 extra = (hooks.resume(restored) if hooks.resume
                          else dict(restored.record.get("extra", {})))
                 bar.message(f"resumed from step {start_step} ({checkpointer.directory})")
-                changes = config_changes(restored.record.get("config", {}), config.to_dict())
+                changes = _changes(restored.record.get("config", {}), config.to_dict())
                 if changes:
                     bar.message("warning: the config differs from the checkpoint's in "
                                 + "; ".join(changes))

@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 
 from fpa_jax import layers
+from fpa_jax.baselines.rope_scaling import YarnScaling
 from gdn_jax.layer import GatedDeltaNet
 from train.core.config import Config
 from train.core.moe import MoEFeedForward
@@ -78,8 +79,6 @@ def build_mixer(config: Config, layer_index: int, name: str | None) -> nn.Module
     if a.kind == "fox":
         return layers.FoXAttention(**common)
     if a.kind == "softmax":
-        from fpa_jax.baselines.rope_scaling import YarnScaling
-
         scaling = YarnScaling(a.yarn_factor, a.yarn_original_length) if a.yarn_factor else None
         return layers.SoftmaxAttention(position=a.position, rope_base=a.rope_base,
                                        rope_scaling=scaling, **common)

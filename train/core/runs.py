@@ -32,9 +32,8 @@ from pathlib import Path
 import jax
 
 from train.checkpoint.manager import Checkpointer, RestoredCheckpoint, UnreadableCheckpointError
-from train.checkpoint.run_files import (CONFIG_FILENAME, TOKENIZER_DIRNAME, flat_keys,
-                                        load_run_config)
-from train.core.config import Config
+from train.checkpoint.run_files import CONFIG_FILENAME, TOKENIZER_DIRNAME, load_run_config
+from train.core.config import Config, changed_from_preset
 from train.core.metrics import METRICS_FILE
 from train.core.presets import config_from_dict, load_config
 from train.core.session import RETIRED_STATE_KEYS, Session
@@ -98,18 +97,11 @@ def checkpoint_steps(run_dir: str | Path) -> list[int]:
     return sorted(int(p.name) for p in directory.iterdir() if p.is_dir() and p.name.isdigit())
 
 
-def config_differences(preset: Config, config: Config) -> dict[str, object]:
-    """Dotted keys whose resolved value in `config` differs from `preset` (train.run_dir aside)."""
-    base, resolved = flat_keys(preset.to_dict()), flat_keys(config.to_dict())
-    return {key: value for key, value in sorted(resolved.items())
-            if key != "train.run_dir" and base.get(key) != value}
-
-
 def default_run_dir(config_source: str | None, config: Config, *, new: bool = False,
                     runs_dir: Path = DEFAULT_RUNS_DIR) -> Path:
     """runs/<name>[-<hash of the differences from the preset>]; with `new`, the first of
     that, -2, -3, ... that does not exist yet."""
-    differences = config_differences(load_config(config_source, []), config)
+    differences = changed_from_preset(load_config(config_source, []), config)
     name = config.name
     if differences:
         digest = hashlib.sha256(json.dumps(differences, sort_keys=True).encode()).hexdigest()

@@ -32,6 +32,7 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding
 
+from kernels_pallas.ranges import checked_ranges
 from train.core.config import Config
 from train.core.model import LanguageModel, build_model
 from train.core.optimizer import build_optimizer, learning_rate_schedule
@@ -93,8 +94,6 @@ def checked_train_step(train_step: Callable[[State, dict], tuple[State, dict]]):
     """train_step under checkify with the ops' range checks traced in: (err, (state,
     metrics)). `raise_range_errors` turns err into a RangeCheckError."""
     from jax.experimental import checkify
-
-    from kernels_pallas.ranges import checked_ranges
 
     def traced_with_checks(state, batch):
         with checked_ranges():

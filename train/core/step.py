@@ -35,6 +35,7 @@ import jax.numpy as jnp
 import optax
 
 from train.core.model import positions_within_documents
+from train.core.moe import apply_with_auxiliary_loss
 from train.data.pipeline import split_inputs_and_targets
 
 State = dict[str, Any]
@@ -43,7 +44,6 @@ State = dict[str, Any]
 def token_losses(model: nn.Module, params: Any, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
     """logits [B, L, V]; losses (CE per position), aux (MoE balancing term per position),
     mask (float32, 1 where the target is scored) and the segment_ids the model saw, each [B, L]."""
-    from train.core.moe import apply_with_auxiliary_loss
 
     view = split_inputs_and_targets(batch)
     logits, aux = apply_with_auxiliary_loss(model, params, view["inputs"], view["segment_ids"])

@@ -37,6 +37,8 @@ import sys
 import time
 from pathlib import Path
 
+from train.core.config import ConfigError
+
 MODELS = ("fpa", "fox", "softmax_rope", "selective_rope", "gdn", "hybrid")
 SIZES = ("cpu", "h200")
 LENGTH_FACTORS = (1, 2, 4, 8)
@@ -62,6 +64,7 @@ def compare_model(size: str, model: str, runs_dir: Path, overrides: list[str],
                   samples: int) -> dict | None:
     """Train (or resume) one model, then evaluate it; the row of the table and its details
     (None: training was stopped by a signal after checkpointing)."""
+    # deferred: `--merge` and `--help` run without the trainer (jax, orbax, optax, grain)
     from train.core.evaluate import evaluate_run
     from train.core.fit import fit
     from train.core.presets import load_config
@@ -130,6 +133,7 @@ def comparison_table(rows: list[dict], anchor: str = "fox") -> str:
     """Each model against `anchor` on the same held-out document pieces (paired bootstrap of
     the loss difference) and the same passkey prompts (Fisher's exact test, one-sided: the
     model finds more passkeys than the anchor); "" without the anchor's row."""
+    # deferred: the probes package imports optax and jax, which `--merge` does without
     from train.probes.stats import fisher_greater
 
     base = next((row for row in rows if row["model"] == anchor), None)
@@ -270,8 +274,6 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from train.core.config import ConfigError
-
     args = parse_arguments(argv)
     if args.merge:
         return merge(args.merge, Path(args.out))

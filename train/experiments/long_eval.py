@@ -25,7 +25,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from train.core.evaluate import evaluate
 from train.core.metrics import format_duration
+from train.core.runs import load_run, restore_run_state
+from train.core.session import build_session, make_split_dataset
+from train.core.sharding import mesh_context
+from train.data.pipeline import make_dataset
 from train.experiments.long_eval_tasks import (DEFAULT_DEPTHS, TASKS, answer_correct, check_tasks,
                                                make_sample)
 
@@ -52,7 +57,6 @@ def _check_arguments(lengths, depths, num_samples, seed, batch_size, position_fa
 
 def haystack_tokens(config, tokenizer, min_tokens: int, seed: int) -> np.ndarray:
     """>= min_tokens ids of the run's held-out text (eval split rows, EOS removed)."""
-    from train.data.pipeline import make_dataset
 
     d = config.data
     rows = make_dataset(source=d.source, tokenizer=tokenizer, seq_len=max(min_tokens, 16),
@@ -123,10 +127,6 @@ def evaluate_long(run_dir: str | Path, *, step: int | None = None,
     "samples"}, "position_loss": {...}, "step", "train_seq_len", "scoring", "seed"} and, with
     out_dir, writes long_eval.json and the PNGs there.
     """
-    from train.core.evaluate import evaluate
-    from train.core.runs import load_run, restore_run_state
-    from train.core.session import build_session, make_split_dataset
-    from train.core.sharding import mesh_context
 
     tasks = check_tasks(tasks)
     config, tokenizer = load_run(run_dir)

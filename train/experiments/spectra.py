@@ -34,6 +34,7 @@ import numpy as np
 
 from gdn_jax.diagnostics import (gdn_transition_inputs, plot_decay_spectra, slow_mode_summary,
                                  transition_spectrum, write_energy)
+from train.core.model import build_mixer, build_model
 
 NEEDLE = " the key is 7413. "
 DEFAULT_LENGTHS = (64, 256, 1024)
@@ -42,6 +43,8 @@ DEFAULT_NEEDLE_POSITION = 24
 
 def haystack(run_dir: str | Path, length: int, num_samples: int) -> np.ndarray:
     """[num_samples, length] int32: the run's held-out token stream, cut into pieces."""
+    # deferred: `python -m train --help` imports this module (the spectra defaults); the
+    # trainer's orbax, optax and grain load only when a spectrum is measured
     from train.core.runs import load_run
     from train.core.session import make_split_dataset
 
@@ -96,8 +99,6 @@ def _layer_number(name: str) -> int:
 def run_spectra(config, params, tokens: np.ndarray, *, needle_position: int,
                 distances: Sequence[int]) -> tuple[dict[str, Any], dict[str, Any]]:
     """(summary dict, {layer: first sample's TransitionSpectrum}) for a model and its inputs."""
-    from train.core.model import build_mixer, build_model
-
     vocab = params["embed"]["embedding"].shape[0]
     model = build_model(config, vocab)
     inputs = mixer_inputs(model, params, tokens)
@@ -139,6 +140,8 @@ def spectra(run_dir: str | Path, *, step: int | None = None,
             num_samples: int = 4, tokens: np.ndarray | None = None) -> tuple[dict, dict, np.ndarray]:
     """(summary, first-sample spectra per layer, tokens) of a run's checkpoint (module doc).
     `tokens` [N, max(lengths)] reuses another run's needle inputs (for a comparison)."""
+    # deferred: `python -m train --help` imports this module (the spectra defaults); the
+    # trainer's orbax, optax and grain load only when a spectrum is measured
     from train.core.runs import load_run, restore_run_state
     from train.core.session import build_session
 

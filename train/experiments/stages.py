@@ -40,9 +40,14 @@ from typing import Any
 
 import yaml
 
+from train.checkpoint.manager import Checkpointer, UnreadableCheckpointError
 from train.core.config import Config, ConfigError
+from train.core.fit import RunSetupError
+from train.core.metrics import MetricsFileError, read_metrics
 from train.core.presets import CONFIG_DIR, load_config
-from train.core.runs import DEFAULT_RUNS_DIR, checkpoint_steps
+from train.core.runs import DEFAULT_RUNS_DIR, checkpoint_dir, checkpoint_steps
+from train.experiments.cpt import (applied_markers, continued_pretraining, load_reference,
+                                   reference_checkpoint_step)
 
 STAGES_DIR = CONFIG_DIR / "stages"
 STAGE_NAME = re.compile(r"[A-Za-z0-9_.-]+")
@@ -164,7 +169,6 @@ def target_length(config: Config) -> int:
 def final_eval(planned: PlannedStage) -> dict[str, Any] | None:
     """The eval record of the stage's final step (train.steps), None if there is none (a
     signal after the last step saves the final checkpoint but stops before this eval)."""
-    from train.core.metrics import MetricsFileError, read_metrics
 
     try:
         records = read_metrics(planned.run_dir)
@@ -183,9 +187,6 @@ def finished(planned: PlannedStage) -> bool:
 def _started_from(run_dir: Path) -> int | None:
     """The reference step that a stage's SpectralShift marker records (newest readable
     checkpoint record); None if none says (the stage's own run reports unreadable ones)."""
-    from train.checkpoint.manager import Checkpointer, UnreadableCheckpointError
-    from train.core.runs import checkpoint_dir
-    from train.experiments.cpt import applied_markers
 
     checkpointer = Checkpointer(checkpoint_dir(run_dir), read_only=True)
     try:
@@ -204,8 +205,6 @@ def check_chain(planned: list[PlannedStage]) -> None:
     """Refuses (RunSetupError) a stage directory that would leave the chain mixed (module doc):
     checkpoints past its train.steps, or a start from another step of its reference than the
     one the chain now extends. Reads checkpoint records only; changes nothing."""
-    from train.core.fit import RunSetupError
-    from train.experiments.cpt import load_reference
 
     advice = "use another --out directory for the changed chain"
     for index, stage in enumerate(planned):
@@ -246,9 +245,6 @@ def run_curriculum(curriculum: Curriculum, out_dir: str | Path, *, overrides: tu
     was already finished)] up to the first stage stopped by a signal (result.preempted).
     `summarize(planned stage, result)` is called as soon as each stage that ran returns.
     Refuses a chain that a run would leave mixed before anything runs (check_chain)."""
-    from train.core.fit import RunSetupError
-    from train.experiments.cpt import (continued_pretraining, load_reference,
-                                       reference_checkpoint_step)
 
     planned = plan(curriculum, out_dir, overrides, reference)
     names = [p.stage.name for p in planned]

@@ -27,6 +27,8 @@ class Loaded:
 
 
 def load(run_dir: str | Path, step: int | None = None) -> Loaded:
+    # deferred: `python -m train --help` imports this module; orbax, optax and grain load
+    # only when a run is read
     from train.core.runs import load_run, restore_run_state
     from train.core.session import build_session
 

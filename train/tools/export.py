@@ -46,8 +46,12 @@ import numpy as np
 from flax import linen as nn
 from flax import traverse_util
 
+from train.checkpoint.run_files import TOKENIZER_DIRNAME
 from train.core.config import Config
+from train.core.model import LanguageModel, resolve_vocab_size
 from train.core.presets import config_from_dict
+from train.core.runs import load_run, restore_run_state
+from train.core.session import build_session
 from train.tools.safetensors_file import read_safetensors, write_safetensors
 
 FORMATS = ("fla", "fpa-torch")
@@ -495,7 +499,6 @@ def load_export(out_dir: str | Path) -> tuple[Config, int, Any]:
 
 def abstract_params(config: Config, vocab_size: int) -> Any:
     """The LanguageModel's unboxed params as jax.ShapeDtypeStruct leaves (nothing computed)."""
-    from train.core.model import LanguageModel
 
     dummy = jnp.zeros((1, 8), jnp.int32)
     boxed = jax.eval_shape(lambda: LanguageModel(config, vocab_size).init(
@@ -534,10 +537,6 @@ def export_run(run_dir: str | Path, out_dir: str | Path, *, format: str = "fla",
         raise ExportError(f"--dtype: expected one of {sorted(EXPORT_DTYPES)}, got {dtype!r}")
     out_dir = Path(out_dir)
     _check_out_dir(out_dir, force)
-    from train.checkpoint.run_files import TOKENIZER_DIRNAME
-    from train.core.model import resolve_vocab_size
-    from train.core.runs import load_run, restore_run_state
-    from train.core.session import build_session
 
     config, tokenizer = load_run(run_dir)
     export_config(config, resolve_vocab_size(config, tokenizer.vocab_size), format)  # fail early

@@ -26,6 +26,8 @@ import time
 from pathlib import Path
 
 def _one_case(preset: str, seq_len: int, batch_size: int, vocab: int, enforce: bool) -> dict:
+    # deferred: the parent process only starts one subprocess per case and reads its
+    # output; jax and the trainer load in the subprocess
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -92,6 +94,7 @@ def _run_subprocess(preset, seq_len, batch_size, vocab, enforce, timeout) -> dic
 
 
 def _size(value) -> str:
+    # deferred: keeps jax out of the parent process (see _one_case)
     from train.core.memory import format_bytes
 
     return "n/a" if value is None else format_bytes(value)
