@@ -13,7 +13,7 @@
                                    fingerprint}], prng_keys {path: impl} (state_tree.py)
     <directory>/quarantine/        unreadable steps moved aside after a fallback restore
 
-Atomicity (Orbax 0.12.8, read in its source; exercised in tests/train/test_checkpoint.py):
+Atomicity (Orbax 0.12.8, read in its source; exercised in tests/train/checkpoint/):
 a step is written into `<step>.orbax-checkpoint-tmp` (its items into `<item>.orbax-
 checkpoint-tmp` inside) and renamed to `<step>` once every item is written; steps without
 the final name are invisible. Old steps (beyond `max_to_keep`) are deleted only in the

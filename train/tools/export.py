@@ -325,7 +325,7 @@ TF32 unless `TRITON_F32_DEFAULT=ieee` is set before they compile; also set
 on both sides the logits of small models differed by about 2e-3).
 Status: re-import into JAX is tested bit-exact; fla's own model classes load these files and,
 on the CPU with PyTorch stand-ins for fla's Triton kernels, give the JAX model's float32 logits
-within 1e-5 (tests/train/test_export_fla.py); benchmarks/verify_export_fla.py runs the same
+within 1e-5 (tests/benchmarks/test_verify_export_fla.py); benchmarks/verify_export_fla.py runs the same
 comparison with fla's kernels on a GPU.
 """
 
@@ -373,7 +373,7 @@ logits = model(input_ids).logits          # float32 [B, T, vocab_size]
 
 The tensor names above are the parameter paths of `FPAForCausalLM` in modeling_fpa.py. In
 float32 its logits match the JAX model's (relative L2 error within 1e-5 in this project's
-tests/train/test_export_fpa_torch.py). Give one document per row; `attention_mask` may mark
+tests/train/tools/test_export_fpa_torch.py). Give one document per row; `attention_mask` may mark
 left or right padding. The attention is dense (memory O(T^2) per head), `generate()` re-runs
 the whole sequence at each step (no KV cache), and the gradient of the range minimum is the
 hard minimum's, not the straight-through soft minimum (`fpa.tau`) of the JAX training.

@@ -15,7 +15,7 @@ import pytest
 
 from train.core.metrics import read_metrics
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 TINY = ["model.d_model=32", "model.num_layers=2", "attention.kind=softmax",
         "attention.position=rope", "attention.num_heads=2", "attention.head_dim=16",

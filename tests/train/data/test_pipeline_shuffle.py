@@ -1,6 +1,6 @@
-"""data.shuffle="global" (issue 11, item 9): grain's per-epoch index shuffle over every packed
-row (`train.data.pipeline.PackedRows`), against the window shuffle whose neighbouring rows come from
-one stretch of the stream."""
+"""data.shuffle="global" (train/data/pipeline.py): grain's per-epoch index shuffle over every
+packed row (`train.data.pipeline.PackedRows`), against the window shuffle whose neighbouring
+rows come from one stretch of the stream."""
 
 import re
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 # one context length (16) for every run, so one compiled step serves them all; the stages
 # extend it nominally (cpt.l_ref / cpt.l_tar), which is all the shift and the scale depend on

@@ -1,13 +1,13 @@
 """Per-document held-out losses: the eval step's sums per (row, segment) on the hand-built
-packed batch of test_step.py, and `evaluate`'s flat list of document pieces in batch, row,
+packed batch of core/test_step.py, and `evaluate`'s flat list of document pieces in batch, row,
 segment order (what the language-model comparison pairs across models)."""
 
 import jax
 import numpy as np
 
-from tests.train.test_step import (LOSS_MASK, SEGMENT_IDS, hand_losses, jitted_steps,
-                                   model_and_params, packed_batch, trainer_view)
 from tests.seeds import case_seed
+from tests.train.core.test_step import (LOSS_MASK, SEGMENT_IDS, hand_losses, jitted_steps,
+                                        model_and_params, packed_batch, trainer_view)
 from tests.train.tiny_run import fit_tiny_run
 from train.core.evaluate import evaluate_run
 

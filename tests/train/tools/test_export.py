@@ -1,8 +1,7 @@
-"""Checkpoint export (flash-linear-attention layout): names/shapes vs the table, exact re-import,
-the transposes, the config, the refusals, and the safetensors writer/reader."""
+"""Checkpoint export (train/tools/export.py, flash-linear-attention layout): names and shapes
+against the table, exact re-import, the transposes, the config, the refusals."""
 
 import json
-import struct
 
 import jax
 import ml_dtypes
@@ -11,17 +10,18 @@ import pytest
 from flax import traverse_util
 
 from tests.seeds import case_seed
-from train.cli.entry import build_parser
-from train.cli.export import command_export
 from train.core.presets import load_config
 from train.tools import export
 from train.tools.export_layout import expected_layout
-from train.tools.safetensors_file import (read_safetensors, read_safetensors_header,
-                                          write_safetensors)
+from train.tools.safetensors_file import read_safetensors, read_safetensors_header
+
 
 VOCAB = 48
+
+
 BASE = ["model.d_model=32", "model.num_layers=2", "attention.num_heads=2", "attention.head_dim=16",
         "gdn.num_heads=2", "gdn.head_dim=16", "model.vocab_size=48", "model.vocab_multiple=1"]
+
 
 MODELS = {
     "fpa": (["attention.kind=fpa", "attention.no_bias_layers=[0]"], "fpa_transformer"),
@@ -184,53 +184,6 @@ def test_unknown_parameters_and_dtypes_are_refused(tmp_path):
     other = load_config(None, BASE + ["attention.kind=fox", "model.num_layers=2"])
     with pytest.raises(ValueError, match="missing"):
         export.import_params(tmp_path, other, export.abstract_params(other, VOCAB))
-
-
-def test_safetensors_round_trip_and_byte_layout(tmp_path):
-    rng = np.random.default_rng(case_seed(41))
-    tensors = {"a": rng.standard_normal((3, 5)).astype(np.float32),
-               "b.weight": rng.standard_normal((7,)).astype(ml_dtypes.bfloat16),
-               "c": rng.integers(-9, 9, (2, 1, 3)).astype(np.int32),
-               "scalar": np.float32(rng.standard_normal()).reshape(()),
-               "empty": np.zeros((0, 4), np.float32)}
-    path = tmp_path / "t.safetensors"
-    write_safetensors(path, tensors, metadata={"k": "v"})
-    raw = path.read_bytes()
-    (length,) = struct.unpack("<Q", raw[:8])
-    assert length % 8 == 0
-    header = json.loads(raw[8:8 + length])
-    assert header["a"] == {"dtype": "F32", "shape": [3, 5], "data_offsets": [0, 60]}
-    assert header["b.weight"]["dtype"] == "BF16"
-    assert raw[8 + length:8 + length + 60] == tensors["a"].astype("<f4").tobytes()
-    back, metadata = read_safetensors(path)
-    assert metadata == {"k": "v"} and list(back) == list(tensors)
-    for name, array in tensors.items():
-        assert back[name].dtype == array.dtype and back[name].shape == array.shape
-        np.testing.assert_array_equal(back[name], array)
-    path.write_bytes(raw[:-4])
-    with pytest.raises(ValueError, match="offsets"):
-        read_safetensors(path)
-    with pytest.raises(TypeError, match="complex64"):
-        write_safetensors(path, {"z": np.zeros(2, np.complex64)})
-
-
-def test_cli_parses_export_and_reports_a_missing_run(tmp_path, capsys):
-    args = build_parser().parse_args(["export", str(tmp_path / "no-run"), "--format", "fla",
-                                      "--out", str(tmp_path / "out"), "--dtype", "bf16",
-                                      "--step", "7"])
-    assert (args.handler, args.dtype, args.step, args.format) == (command_export, "bf16", 7, "fla")
-    assert command_export(args) == 1
-    assert capsys.readouterr().err.startswith(
-        f"error: {tmp_path / 'no-run'}: run directory does not exist")
-
-
-# ----------------------------------------------------------------------------------------------
-# The exported tensors drive a forward written in fla's conventions (numpy, float64): Linear is
-# x @ weight.T, heads split as '(h d)', Conv1d weights [C, 1, W] applied causally, GVA value head
-# j reads key head j // (HV / H). Its logits match the JAX model's, so names, transposes, head
-# order and fused/split projections are right, not only self-consistent. (Not fla itself: that
-# needs a GPU with PyTorch, which this test suite does not have.)
-# ----------------------------------------------------------------------------------------------
 
 
 def _rms(x, weight, eps):

@@ -1,4 +1,5 @@
-"""Tests for train/checkpoint/manager.py: round trips, retention, corruption, kills, resharding, signals."""
+"""Orbax checkpoints (train/checkpoint/manager.py): round trips, retention, corruption,
+kills, resharding."""
 
 import gc
 import json
@@ -19,14 +20,11 @@ import optax
 import pytest
 
 from tests.devices import xla_flags
-from train.checkpoint.iterator_state import decode_iterator_state, encode_iterator_state
 from train.checkpoint.manager import (QUARANTINE_DIRNAME, TMP_MARKER, Checkpointer,
                                       NoReadableCheckpointError, UnreadableCheckpointError)
-from train.checkpoint.preemption import install_preemption_handler
-from train.checkpoint.run_files import RunConfigError, load_run_config, save_run_files
-from train.data.tokenizer import ByteTokenizer
 
-REPO = Path(__file__).resolve().parents[2]
+
+REPO = Path(__file__).resolve().parents[3]
 
 
 def _train_state(seed):
@@ -107,29 +105,6 @@ def test_round_trip_is_bitwise(tmp_path, seed):
     assert record["config"] == {"model": {"width": 8}, "lr": 1e-3}
     assert record["extra"] == {"tokens_seen": 1234, "markers": [{"l_ref": 8, "l_tar": 32, "s": 0.5}]}
     assert record["versions"]["jax"] == jax.__version__ and record["wall_time"] > 0
-
-
-def test_iterator_state_encoding_keeps_tuples():
-    state = {"a": (1, (2, 3)), "b": [4, (5,)], "c": {"d": np.int64(6), "e": None}}
-    decoded = decode_iterator_state(encode_iterator_state(state))
-    assert decoded == {"a": (1, (2, 3)), "b": [4, (5,)], "c": {"d": 6, "e": None}}
-    assert isinstance(decoded["a"], tuple) and isinstance(decoded["b"], list)
-    with pytest.raises(TypeError, match="data_iterator state"):
-        encode_iterator_state({"x": object()})
-
-
-def test_iterator_state_file_is_graincompatible_json(tmp_path):
-    """The iterator item goes through grain's own handler: one process_<i>-of-<n>.json file
-    holding `encode_iterator_state`'s text (tuples tagged, so they come back as tuples)."""
-    iterator = _ListIterator()
-    iterator.position = 7
-    with Checkpointer(tmp_path, save_interval_steps=1) as checkpointer:
-        checkpointer.save(1, state={"step": jnp.int32(1)}, data_iterator=iterator)
-        iterator.position = 8  # after the save started: not in the checkpoint
-    (written,) = (tmp_path / "1" / "iterator").glob("process_*.json")
-    assert written.name == "process_0-of-1.json"
-    assert decode_iterator_state(written.read_text()) == {"position": 7,
-                                                          "slices": {"tokens": (-1, -1)}}
 
 
 def test_ignored_saved_entry_is_read_and_dropped(tmp_path):
@@ -418,100 +393,6 @@ def test_restore_onto_other_device_counts(tmp_path):
     with Checkpointer(tmp_path) as checkpointer:
         restored = checkpointer.restore_latest(_abstract(expected))
     _assert_bitwise_equal(restored.state, expected)
-
-
-_PREEMPTED_LOOP = """
-    import os, sys, time
-    import jax.numpy as jnp
-    from train.checkpoint.manager import Checkpointer
-    from train.checkpoint.preemption import install_preemption_handler
-
-    directory = "{directory}"
-    with Checkpointer(directory, save_interval_steps=1000) as checkpointer, \\
-            install_preemption_handler() as stop:
-        state = {"x": jnp.zeros((4,)), "step": jnp.int32(0)}
-        for step in range(1, 100000):
-            state = {"x": state["x"] + 1, "step": jnp.int32(step)}
-            checkpointer.save(step, state=state)
-            if step == 3:
-                print("RUNNING", flush=True)
-            if stop:
-                checkpointer.save(step, state=state, force=True)
-                checkpointer.wait_until_finished()
-                print("STOPPED", step, stop.signal_name, flush=True)
-                break
-            time.sleep(0.01)
-"""
-
-
-def test_sigterm_makes_the_loop_save_and_exit(tmp_path):
-    env = dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu")
-    code = textwrap.dedent(_PREEMPTED_LOOP).replace("{directory}", str(tmp_path))
-    child = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
-    assert child.stdout.readline().strip() == "RUNNING"
-    child.send_signal(signal.SIGTERM)
-    stdout, stderr = child.communicate(timeout=60)
-    assert child.returncode == 0, stderr[-2000:]
-    _, step, signal_name = stdout.split()
-    assert signal_name == "SIGTERM" and int(step) >= 3
-    template = {"x": jnp.zeros((4,)), "step": jnp.int32(0)}
-    with Checkpointer(tmp_path) as checkpointer:
-        restored = checkpointer.restore_latest(template)
-    assert restored.step == int(step) == int(restored.state["step"])
-    np.testing.assert_array_equal(restored.state["x"], np.full((4,), float(step)))
-
-
-def test_preemption_flag_in_process():
-    previous = signal.getsignal(signal.SIGTERM)
-    with install_preemption_handler() as stop:
-        assert not stop
-        os.kill(os.getpid(), signal.SIGTERM)
-        time.sleep(0.01)
-        assert stop and stop.signal_name == "SIGTERM"
-    assert signal.getsignal(signal.SIGTERM) is previous
-
-
-def test_run_files_written_once(tmp_path, caplog):
-    caplog.set_level(logging.INFO, logger="train.checkpoint.run_files")
-    config = {"model": {"width": 64, "layers": (2, 3)}, "path": tmp_path}
-    save_run_files(tmp_path, config=config, tokenizer=ByteTokenizer())
-    save_run_files(tmp_path, config=config, tokenizer=ByteTokenizer())
-    assert load_run_config(tmp_path) == {"model": {"width": 64, "layers": [2, 3]},
-                                         "path": str(tmp_path)}
-    assert (tmp_path / "tokenizer" / "tokenizer_meta.json").is_file()
-    save_run_files(tmp_path, config={"model": {"width": 128}})
-    assert load_run_config(tmp_path)["model"]["width"] == 64
-    assert len(list(tmp_path.glob("config.*.json"))) == 1 and "config differs" in caplog.text
-    copy, = tmp_path.glob("config.*.json")
-    copy.rename(tmp_path / "config.20000101T000000Z.json")        # written at an earlier time
-    save_run_files(tmp_path, config={"model": {"width": 128}})   # a retry: no second copy
-    assert len(list(tmp_path.glob("config.*.json"))) == 1
-
-    class OtherTokenizer(ByteTokenizer):
-        fingerprint = "0" * 64
-
-    with pytest.raises(ValueError, match="tokenizer"):
-        save_run_files(tmp_path, config=config, tokenizer=OtherTokenizer())
-
-
-@pytest.mark.parametrize("content,problem", [
-    ("{bad", r"is not valid JSON \(Expecting property name"),
-    ("", r"is not valid JSON \(Expecting value"),
-    (b"\xff{", r"is not valid JSON \(not UTF-8 text"),
-    ("[1]", r"is not a JSON object \(holds a list\)"),
-])
-def test_damaged_run_config_is_an_error_naming_the_file(tmp_path, content, problem):
-    path = tmp_path / "config.json"
-    path.write_bytes(content if isinstance(content, bytes) else content.encode())
-    with pytest.raises(RunConfigError, match=re.escape(str(path)) + " " + problem):
-        load_run_config(tmp_path)
-    assert issubclass(RunConfigError, ValueError)
-    with pytest.raises(FileNotFoundError, match="run directory does not exist"):
-        load_run_config(tmp_path / "elsewhere")
-    (tmp_path / "elsewhere").mkdir()
-    with pytest.raises(FileNotFoundError, match="not a run directory"):
-        load_run_config(tmp_path / "elsewhere")
 
 
 @pytest.mark.parametrize("kwargs,match", [

@@ -35,7 +35,7 @@ from train.core.sharding import make_mesh, mesh_context
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 OVERRIDES = ["model.d_model=16", "model.num_layers=1", "model.pattern=A",
              "attention.kind=softmax", "attention.position=rope", "attention.num_heads=2",
              "attention.head_dim=8", "data.seq_len=16", "data.batch_size=8",

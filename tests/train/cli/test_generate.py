@@ -1,7 +1,6 @@
-"""Messages a new user meets: `cpt` checks its reference before printing anything, `generate`
-refuses out-of-range values naming the valid range (exit 2, as argparse does), --evict-below
-above 0 (it would evict every key) is refused, every sample of --batch B has a header, and the
-help texts show the defaults."""
+"""`python -m train generate` (train/cli/generate.py): out-of-range values refused naming the
+range (exit 2, as argparse does), the edges accepted, a header per sample, every default in
+--help."""
 
 import argparse
 
@@ -16,24 +15,6 @@ def one_error_line(text):
     lines = text.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), text
     return lines[0]
-
-
-@pytest.mark.parametrize("reference", ["missing", "not-a-run"])
-def test_cpt_checks_the_reference_before_printing(tmp_path, capsys, reference):
-    (tmp_path / "not-a-run").mkdir()
-    run_dir = tmp_path / "cpt"
-    assert main(["cpt", "gdn_tiny_cpt", f"cpt.reference={tmp_path / reference}",
-                 "--run-dir", str(run_dir)]) == 1
-    captured = capsys.readouterr()
-    assert captured.out == ""                       # no "new run in ..." before the error
-    assert "cpt.reference" in one_error_line(captured.err)
-    assert not run_dir.exists()
-
-
-def test_cpt_without_a_reference_prints_nothing_but_the_error(tmp_path, capsys):
-    assert main(["cpt", "gdn_tiny_cpt", "--run-dir", str(tmp_path / "cpt")]) == 2
-    captured = capsys.readouterr()
-    assert captured.out == "" and "cpt.reference" in one_error_line(captured.err)
 
 
 @pytest.mark.parametrize("option,value,valid", [
@@ -95,9 +76,3 @@ def test_generate_help_shows_every_default():
         if action.default in (None, argparse.SUPPRESS) or not action.option_strings:
             continue
         assert f"default: {action.default})" in text, action.option_strings
-
-
-def test_eval_and_prepare_help_show_the_defaults():
-    assert "per cell (default: 20)" in help_of(subcommand("eval"))
-    text = help_of(subcommand("prepare"))
-    assert "--num-shards" in text and "(default: 4)" in text

@@ -22,7 +22,7 @@ from train.core.presets import load_config
 from train.core.sharding import LOGICAL_AXIS_RULES, make_mesh, maybe_initialize_distributed
 from train.core.validation import validate_for_devices
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 MULTI_DEVICE_SCRIPT = textwrap.dedent("""
     import json, sys, tempfile

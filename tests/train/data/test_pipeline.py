@@ -1,8 +1,6 @@
-"""Tests for train/data/pipeline.py and train/data/tokenizer.py: packing, splits, sharding, state, shards, BPE."""
+"""The data pipeline (train/data/pipeline.py): packing, splits, sharding over processes,
+iterator state, argument checks."""
 
-import itertools
-import pickle
-import shutil
 import string
 
 import jax.numpy as jnp
@@ -13,10 +11,13 @@ from train.checkpoint.iterator_state import decode_iterator_state, encode_iterat
 from train.checkpoint.manager import Checkpointer
 from train.data.pipeline import (make_dataset, process_document_indices, split_document_indices,
                                  split_inputs_and_targets)
-from train.data.sources import resolve_source, write_arrayrecord_shards
-from train.data.tokenizer import BPE_EOS_TOKEN, ByteTokenizer, load_tokenizer, train_bpe
+from train.data.sources import resolve_source
+from train.data.tokenizer import ByteTokenizer
+
 
 BYTE = ByteTokenizer()
+
+
 LETTERS = string.ascii_letters + string.digits  # 62 one-byte symbols, one per document
 
 
@@ -211,93 +212,6 @@ def test_iterator_state_through_checkpointer(tmp_path):
     assert restored.step == 7 and int(restored.state["step"]) == 7
     _assert_same_batches(_take(fresh, 5), expected)
     fresh.close()
-
-
-def test_arrayrecord_shards_match_text_source(tmp_path):
-    out = tmp_path / "shards"
-    paths = write_arrayrecord_shards(source="stdlib", tokenizer=BYTE, out_dir=out, num_shards=3,
-                                     max_documents=24)
-    assert len(paths) == 3 and all(p.exists() for p in paths)
-    assert load_tokenizer(out / "tokenizer").fingerprint == BYTE.fingerprint
-    for split in ("train", "eval"):
-        kwargs = dict(tokenizer=BYTE, seq_len=40, batch_size=2, seed=8, split=split,
-                      heldout_fraction=0.1, num_epochs=1)
-        from_text = list(itertools.islice(
-            make_dataset(source="stdlib", max_documents=24, **kwargs), 300))
-        from_shards = list(itertools.islice(
-            make_dataset(source=f"arrayrecord:{out}", **kwargs), 300))
-        assert from_text
-        _assert_same_batches(from_shards, from_text)
-    with pytest.raises(FileExistsError):
-        write_arrayrecord_shards(source="stdlib", tokenizer=BYTE, out_dir=out, num_shards=1,
-                                 max_documents=2)
-    # a shard swapped for another with as many records: the manifest's lengths no longer
-    # hold, so it is refused when the source is opened (not an IndexError mid-run)
-    missing = tmp_path / "missing_one"                  # a shard the manifest lists is gone
-    shutil.copytree(out, missing)
-    (missing / paths[2].name).unlink()
-    with pytest.raises(FileNotFoundError, match=f"{paths[2].name} listed in"):
-        make_dataset(source=f"arrayrecord:{missing}", tokenizer=BYTE, seq_len=8, batch_size=1)
-    assert list(make_dataset(source=f"arrayrecord:{missing}/tokens-0000[01]-*", tokenizer=BYTE,
-                             seq_len=8, batch_size=1, num_epochs=1))    # a glob may choose
-    assert paths[0].stat().st_size != paths[1].stat().st_size
-    shutil.copyfile(paths[1], paths[0])                 # 8 records each, other documents
-    with pytest.raises(ValueError, match="changed after it was written"):
-        make_dataset(source=f"arrayrecord:{out}", tokenizer=BYTE, seq_len=8, batch_size=1)
-
-
-def test_arrayrecord_rejects_other_tokenizer(tmp_path):
-    corpus_dir = tmp_path / "text"
-    corpus_dir.mkdir()
-    _letter_corpus(corpus_dir, 10, seed=1)
-    bpe = train_bpe(sorted(corpus_dir.iterdir()), 270)
-    write_arrayrecord_shards(source=str(corpus_dir), tokenizer=bpe, out_dir=tmp_path / "s",
-                             num_shards=2)
-    with pytest.raises(ValueError, match="tokenizer"):
-        make_dataset(source=f"arrayrecord:{tmp_path / 's'}", tokenizer=BYTE, seq_len=8,
-                     batch_size=1)
-
-
-def test_bpe_train_save_load_round_trip(tmp_path):
-    rng = np.random.default_rng(31)
-    words = ["def", "return", "self", "import", "lambda", "ünïcode", "日本語", "x_1", "  "]
-    files = []
-    for i in range(4):
-        path = tmp_path / f"corpus_{i}.txt"
-        path.write_text(" ".join(rng.choice(words, size=400)) + "\n")
-        files.append(path)
-    tokenizer = train_bpe(files, 300, tmp_path / "tok")
-    assert 257 <= tokenizer.vocab_size <= 300
-    loaded = load_tokenizer(tmp_path / "tok")
-    assert loaded.fingerprint == tokenizer.fingerprint and loaded.eos_id == tokenizer.eos_id
-    text = "def f(self):\n\treturn 日本語 + 'ünïcode'  " + BPE_EOS_TOKEN + " tail\r\n"
-    for candidate in (tokenizer, loaded, pickle.loads(pickle.dumps(loaded))):
-        ids = candidate.encode(text)
-        assert tokenizer.eos_id not in ids  # text spelling the EOS token stays text
-        assert candidate.decode(ids) == text
-        np.testing.assert_array_equal(candidate.encode_array(text), ids)
-    assert len(tokenizer.encode(" ".join(words))) < len(" ".join(words).encode())
-
-    dataset = make_dataset(source=str(tmp_path / "corpus_*.txt"), tokenizer=loaded, seq_len=32,
-                           batch_size=2, seed=3, split="all")
-    batch = next(iter(dataset))
-    assert batch["tokens"].max() < loaded.vocab_size
-    np.testing.assert_array_equal(np.diff(batch["segment_ids"], axis=1) == 1,
-                                  batch["tokens"][:, :-1] == loaded.eos_id)
-
-
-def test_byte_tokenizer(tmp_path):
-    text = "héllo\x00 wörld 日本\n"
-    ids = BYTE.encode(text)
-    assert BYTE.vocab_size == 257 and BYTE.eos_id == 256 and max(ids) < 256
-    assert BYTE.decode(ids + [BYTE.eos_id]) == text
-    BYTE.save(tmp_path / "tok")
-    assert isinstance(load_tokenizer(tmp_path / "tok"), ByteTokenizer)
-    assert isinstance(load_tokenizer("byte"), ByteTokenizer)
-    with pytest.raises(ValueError, match="ids"):
-        BYTE.decode([257])
-    with pytest.raises(ValueError, match="tokenizer"):
-        load_tokenizer(tmp_path / "missing")
 
 
 @pytest.mark.parametrize("kwargs,match", [

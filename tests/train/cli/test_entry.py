@@ -1,4 +1,4 @@
-"""Trainer reliability through the command line (issue 11): one-line user errors, exit codes,
+"""The command line (train/cli/entry.py and the commands): one-line user errors, exit codes,
 the default run directory, the run lock, divergence, read-only eval.
 
 In-process `main([...])` except where a real signal and exit code are the point (one
@@ -28,7 +28,7 @@ from train.core.presets import load_config
 from train.core.runs import (RunLockedError, checkpoint_dir, checkpoint_steps, claimed_run_dir,
                              default_run_dir, restore_run_state, run_lock)
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 TINY = [*tiny_run.TINY, "train.tensorboard=false"]
 
 

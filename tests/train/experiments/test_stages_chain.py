@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests.seeds import case_seed
-from tests.train.test_cpt_stages import GDN, STAGE, write_corpus
+from tests.train.experiments.test_stages import GDN, STAGE, write_corpus
 from train.cli import EXIT_PREEMPTED
 from train.cli.entry import Terminated, main
 from train.core.metrics import read_metrics

@@ -1,7 +1,8 @@
 """`python -m train export` on a tiny trained run: `--out` naming a file, a second export into
 the same directory and a directory holding the user's files are one `error:` line each (exit 1)
 unless --force; config.json says `dtype` (not the deprecated `torch_dtype`) and carries the
-tokenizer's special-token ids, which generation_config.json repeats."""
+tokenizer's special-token ids, which generation_config.json repeats; the command's arguments
+and a missing run."""
 
 import json
 
@@ -10,6 +11,7 @@ import pytest
 from tests.seeds import case_seed
 from tests.train import tiny_run
 from train.cli.entry import build_parser, main
+from train.cli.export import command_export
 from train.data.tokenizer import ByteTokenizer
 
 
@@ -83,3 +85,13 @@ def test_force_is_documented_in_the_help_and_the_readme():
     assert "--force" in text and "non-empty" in text
     readme = (REPO / "README.md").read_text()
     assert "python -m train export" in readme and "--force" in readme
+
+
+def test_cli_parses_export_and_reports_a_missing_run(tmp_path, capsys):
+    args = build_parser().parse_args(["export", str(tmp_path / "no-run"), "--format", "fla",
+                                      "--out", str(tmp_path / "out"), "--dtype", "bf16",
+                                      "--step", "7"])
+    assert (args.handler, args.dtype, args.step, args.format) == (command_export, "bf16", 7, "fla")
+    assert command_export(args) == 1
+    assert capsys.readouterr().err.startswith(
+        f"error: {tmp_path / 'no-run'}: run directory does not exist")

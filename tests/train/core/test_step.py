@@ -1,4 +1,4 @@
-"""The training step on hand-built packed batches, for every mixer kind (issue 18).
+"""The training step on hand-built packed batches, for every mixer kind.
 
 Batch (seq_len L = 11, rows of L + 1 = 12 tokens, EOS = 256, as the packer lays them out):
     row 0   doc A: 5 text tokens + EOS (index 0..5) | doc B: 4 + EOS (6..10) | doc C starts (11)
