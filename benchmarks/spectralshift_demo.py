@@ -171,7 +171,8 @@ def write_table(records: dict, out: Path, seconds: float) -> str:
         f"(`python benchmarks/spectralshift_demo.py --size {records['size']}`), {seconds:.0f} s.\n"
         f"Slow-band widths and E_write at distances ell from the needle (its last token at "
         f"{position}; ell = {distances[-1]} is the target length), means over "
-        f"{size['samples']} needle sequences; retrieval: train.experiments.long_eval, mean over depths.\n\n"
+        f"{size['samples']} needle sequences; retrieval: train.experiments.long_eval, mean over "
+        f"depths.\n\n"
         + text + "\n")
     return text
 

@@ -2,10 +2,13 @@
 
     fit CONFIG [key=value ...]      train (resumes if the run directory has checkpoints)
     cpt CONFIG [key=value ...]      SpectralShift continued pretraining from cpt.reference
-    stages CURRICULUM [key=value]   staged extension: a chain of cpt runs (train/experiments/stages.py)
-    spectra RUN [--compare RUN2]    GDN decay spectra / slow band on needle inputs (train/experiments/spectra.py)
+    stages CURRICULUM [key=value]   staged extension: a chain of cpt runs
+                                    (train/experiments/stages.py)
+    spectra RUN [--compare RUN2]    GDN decay spectra / slow band on needle inputs
+                                    (train/experiments/spectra.py)
     eval RUN_DIR                    held-out loss (and per-position loss) of a run's checkpoint
-                                    (--suite long: passkey / needle retrieval, train/experiments/long_eval.py)
+                                    (--suite long: passkey / needle retrieval,
+                                    train/experiments/long_eval.py)
     prepare --source S --out DIR    tokenizer (byte or trained BPE) + ArrayRecord shards
     plot RUN_DIR                    loss.png and position_loss.png
     bench CONFIG [key=value ...]    tokens/s and peak memory of the train step

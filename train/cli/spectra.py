@@ -1,4 +1,5 @@
-"""`python -m train spectra RUN [--lengths L ...] [--compare RUN2] [--out DIR]` (train/experiments/spectra.py).
+"""`python -m train spectra RUN [--lengths L ...] [--compare RUN2] [--out DIR]`
+(train/experiments/spectra.py).
 
 Prints M_slow, H_slow and mean E_write per distance (a column per run) and writes spectra.json
 and PNGs to --out (default RUN/spectra-step<N>). With --compare both runs see the same needle

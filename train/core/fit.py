@@ -28,8 +28,8 @@
                  hooks) is the user's inputs not fitting together: raised as RunSetupError
 
 `extra` is the caller's record kept with every checkpoint; `fit` carries it without reading
-it (continued pretraining, train/experiments/cpt.py, keeps its SpectralShift markers there). A resumed
-run continues the same loss trajectory: params, optimizer state, step and the grain
+it (continued pretraining, train/experiments/cpt.py, keeps its SpectralShift markers there).
+A resumed run continues the same loss trajectory: params, optimizer state, step and the grain
 iterator all come from the checkpoint.
 """
 

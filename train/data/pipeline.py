@@ -36,8 +36,8 @@ straddles two rows is never a training target (1 of L+1 transitions).
 Iterator state: `it = iter(make_dataset(...))`; `it.get_state()` / `it.set_state(state)`
 reproduce the exact stream (`it.close()` stops its background threads/processes). The
 state holds tuples that plain `json` turns into lists, which grain's packer then misreads
-(it drops a document): serialise it with
-`train.checkpoint.iterator_state.encode_iterator_state` / `decode_iterator_state` (the checkpointer does).
+(it drops a document): serialise it with `encode_iterator_state` / `decode_iterator_state`
+of train/checkpoint/iterator_state.py (the checkpointer does).
 
 The documents come from train/data/sources.py.
 """

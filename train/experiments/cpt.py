@@ -23,8 +23,9 @@
     stderr        a fresh run says in one line what it did: s, l_ref -> l_tar, k, mode, the
                   reference and its step, the alpha learning rate (spectral_shift_line)
 
-A staged extension (train/experiments/stages.py) is a chain of such runs, each naming the previous one as
-its reference. Everything else is `fit` (train/core/fit.py), adapted through its hooks.
+A staged extension (train/experiments/stages.py) is a chain of such runs, each naming the
+previous one as its reference. Everything else is `fit` (train/core/fit.py), adapted through
+its hooks.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Staged context extension: a chain of SpectralShift continued-pretraining runs (train/experiments/cpt.py).
+"""Staged context extension: a chain of SpectralShift continued-pretraining runs
+(train/experiments/cpt.py).
 
 A curriculum (configs/stages/NAME.yaml):
 

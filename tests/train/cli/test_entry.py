@@ -298,7 +298,8 @@ def test_divergence_stops_before_checkpointing_or_skips(tmp_path, corpus, capsys
     assert [r["step"] for r in read_metrics(skip_dir) if r["kind"] == "skipped"] == [3]
     from train.core.runs import load_run
     config, tokenizer = load_run(skip_dir)
-    restored = restore_run_state(skip_dir, train.core.session.build_session(config, tokenizer.vocab_size))
+    restored = restore_run_state(skip_dir,
+                                 train.core.session.build_session(config, tokenizer.vocab_size))
     assert restored.step == 6
     assert all(np.all(np.isfinite(np.asarray(x))) for x in jax.tree.leaves(restored.state))
     # the count is the run's, not the process's: a resumed run still reports the skipped step
@@ -334,7 +335,8 @@ def test_an_update_that_overflows_the_parameters_is_never_checkpointed(
     assert checkpoint_steps(run_dir) == [2]
     from train.core.runs import load_run
     config, tokenizer = load_run(run_dir)
-    restored = restore_run_state(run_dir, train.core.session.build_session(config, tokenizer.vocab_size))
+    restored = restore_run_state(run_dir,
+                                 train.core.session.build_session(config, tokenizer.vocab_size))
     assert all(np.all(np.isfinite(np.asarray(x))) for x in jax.tree.leaves(restored.state))
 
 

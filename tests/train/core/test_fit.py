@@ -23,8 +23,8 @@ TINY = ["model.d_model=32", "model.num_layers=2", "attention.kind=softmax",
         "optim.warmup_steps=2", "optim.lr=3e-3", "train.log_every=1", "train.eval_batches=2",
         "train.position_buckets=4"]
 
-# Runs `train.core.fit.fit` (or `train.experiments.cpt.continued_pretraining`) for each of options["runs"], with
-# optional fault injection:
+# Runs `train.core.fit.fit` (or `train.experiments.cpt.continued_pretraining`) for each of
+# options["runs"], with optional fault injection:
 #   sigterm_after_steps: the process sends itself SIGTERM after that many train steps
 #   sigkill_in_save: SIGKILL inside the n-th checkpoint save of the process, after the save
 #                    started (the iterator item is written) and before the step is committed

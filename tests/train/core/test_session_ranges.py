@@ -1,7 +1,7 @@
 """Op argument ranges and the checked train step (train/core/session.py): the gated delta rule's
-g <= 0, 0 <= beta <= 1 and unit keys, FPA's beta > 0. Concrete arguments are checked at once (ValueError naming the
-argument); inside jit only in checked mode (`checked_ranges` + checkify), which the trainer
-turns on with train.check_ranges."""
+g <= 0, 0 <= beta <= 1 and unit keys, FPA's beta > 0. Concrete arguments are checked at once
+(ValueError naming the argument); inside jit only in checked mode (`checked_ranges` +
+checkify), which the trainer turns on with train.check_ranges."""
 
 import jax
 import jax.numpy as jnp

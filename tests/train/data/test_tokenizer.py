@@ -64,11 +64,13 @@ def test_byte_ids_are_the_utf8_bytes():
 
 
 def test_ids_are_checked():
-    with pytest.raises(ValueError, match=r"ids: expected a 1-D sequence of ints, got shape \(1, 2\)"):
+    with pytest.raises(ValueError,
+                       match=r"ids: expected a 1-D sequence of ints, got shape \(1, 2\)"):
         BYTE.decode([[1, 2]])
     with pytest.raises(TypeError, match="ids: expected integers, got dtype float64"):
         BYTE.decode([1.0])
-    with pytest.raises(ValueError, match=r"ids: expected values in \[0, 257\), got range \[-1, 3\]"):
+    with pytest.raises(ValueError,
+                       match=r"ids: expected values in \[0, 257\), got range \[-1, 3\]"):
         BYTE.decode([3, -1])
 
 

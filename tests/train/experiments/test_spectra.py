@@ -1,6 +1,6 @@
-"""train/experiments/spectra.py on a randomly initialised GDN + attention model (no training): the needle
-placement, the captured layer inputs (against the embedding and RMSNorm by hand), the summary
-against gdn_jax.diagnostics called directly, and the report files."""
+"""train/experiments/spectra.py on a randomly initialised GDN + attention model (no training):
+the needle placement, the captured layer inputs (against the embedding and RMSNorm by hand),
+the summary against gdn_jax.diagnostics called directly, and the report files."""
 
 import json
 

@@ -1,7 +1,7 @@
-"""Staged SpectralShift extension end to end (train/experiments/stages.py, train/experiments/cpt.py), in a subprocess:
-a 1-layer GDN reference at context 16, then stages a (16 -> 32) and b (32 -> 64). Stage a is
-stopped by SIGTERM after 2 of its 4 steps and the same curriculum run again: a resumes without shifting
-again, b shifts relative to a's final checkpoint. Every train step probes the optimizer the
+"""Staged SpectralShift extension end to end (train/experiments/stages.py,
+train/experiments/cpt.py), in a subprocess: a 1-layer GDN reference at context 16, then stages
+a (16 -> 32) and b (32 -> 64). Stage a is stopped by SIGTERM after 2 of its 4 steps and the
+same curriculum run again: a resumes without shifting again, b shifts relative to a's final checkpoint. Every train step probes the optimizer the
 step uses (SGD, so an all-ones gradient gives update = -lr of the group): alpha / default
 update = s of that stage at every step, resumed steps included. Then the one-line refusals of a
 stage whose reference is missing or unfinished, and `spectra --compare` on the finished runs.
