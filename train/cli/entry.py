@@ -22,7 +22,7 @@ from train.cli.eval import add_eval_command
 from train.cli.export import add_export_command
 from train.cli.fit import add_fit_command
 from train.cli.generate import add_generate_command
-from train.cli.main import add_main_command
+from train.cli.main_preset import add_main_command
 from train.cli.plot import add_plot_command
 from train.cli.prepare import add_prepare_command
 from train.cli.probe import add_probe_command

@@ -1,5 +1,7 @@
 """`python -m train main [key=value ...] [--run-dir DIR] [--new]`: the tiny FPA preset end to
-end (what ./dev.sh main runs): train, plot, and a summary table."""
+end (what ./dev.sh main runs): train, plot, and a summary table. (Not `main.py`: `from
+train.cli import main` would then import this module instead of failing; the function `main`
+is train.cli.entry.main.)"""
 
 from __future__ import annotations
 
