@@ -59,8 +59,8 @@ class Source:
     """A model, its params and where its evaluation tokens come from."""
 
     def __init__(self, spec: str, overrides: list[str], seed: int):
-        from train.config import load_config
-        from train.model import build_model
+        from train.core.model import build_model
+        from train.core.presets import load_config
 
         self.name = spec
         if (Path(spec) / "config.json").is_file():
@@ -85,7 +85,7 @@ class Source:
             return tokens, jnp.ones_like(tokens)
         import dataclasses
 
-        from train.session import make_split_dataset
+        from train.core.session import make_split_dataset
 
         config = dataclasses.replace(self.config, data=dataclasses.replace(
             self.config.data, seq_len=length, batch_size=rows))

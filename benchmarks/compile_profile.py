@@ -26,10 +26,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # noqa: E402
 
-from train.bench import random_batch  # noqa: E402
-from train.config import load_config  # noqa: E402
-from train.session import build_session, to_global  # noqa: E402
-from train.sharding import mesh_context  # noqa: E402
+from train.core.presets import load_config  # noqa: E402
+from train.core.session import build_session, to_global  # noqa: E402
+from train.core.sharding import mesh_context  # noqa: E402
+from train.tools.bench import random_batch  # noqa: E402
 
 
 def custom_calls(text):

@@ -2,7 +2,7 @@
 
     python3 benchmarks/fusion_sources.py TRACE_DIR [HLO_DUMP_DIR] [--top 40] [--steps 3]
 
-TRACE_DIR holds a jax.profiler trace (train/profile_trace.py reads it), HLO_DUMP_DIR the
+TRACE_DIR holds a jax.profiler trace (train/tools/profile_trace.py reads it), HLO_DUMP_DIR the
 `--xla_dump_to` output of the same program with `--xla_dump_hlo_as_text`; without it only the
 kernel names and their ms per step and share are printed. For the names the trace must be
 taken with command buffers off (`--xla_gpu_enable_command_buffer=`): inside a CUDA graph every
@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from train.profile_trace import event_totals   # noqa: E402
+from train.tools.profile_trace import event_totals   # noqa: E402
 
 INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=.*?metadata=\{([^}]*)\}")
 FIELD = re.compile(r'(op_name|source_file|source_line)=("([^"]*)"|\d+)')

@@ -182,7 +182,8 @@ def run_jax_side(benchmark: Benchmark, args, work_dir: Path):
         raise SideSkipped(f"--device gpu, but JAX sees no GPU (its default device: {device})")
     info = dict(device=device.device_kind, platform=device.platform, jax=jax.__version__)
     if args.device == "gpu":
-        from train.bench import matmul_ceiling_tflops  # the ceiling `train bench` reads MFU against
+        # the ceiling `train bench` reads MFU against
+        from train.tools.bench import matmul_ceiling_tflops
 
         info["matmul_tflops"] = matmul_ceiling_tflops(8192)
         print(f"[jax] bf16 8192^3 matmul: {info['matmul_tflops']:.0f} TFLOP/s", flush=True)

@@ -50,13 +50,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from train.checkpoint import Checkpointer  # noqa: E402
-from train.config import (Config, ConfigError, load_config, validate,  # noqa: E402
-                          validate_for_devices)
-from train.metrics import format_rate, format_table  # noqa: E402
-from train.session import build_session, to_global  # noqa: E402
-from train.sharding import make_mesh, mesh_context  # noqa: E402
-from train.tokenizer import load_tokenizer  # noqa: E402
+from train.checkpoint.manager import Checkpointer  # noqa: E402
+from train.core.config import Config, ConfigError  # noqa: E402
+from train.core.metrics import format_rate, format_table  # noqa: E402
+from train.core.presets import load_config  # noqa: E402
+from train.core.session import build_session, to_global  # noqa: E402
+from train.core.sharding import make_mesh, mesh_context  # noqa: E402
+from train.core.validation import validate, validate_for_devices  # noqa: E402
+from train.data.tokenizer import load_tokenizer  # noqa: E402
 
 CONTINUED_STEPS = 2
 CONTEXT_LAYOUT = "context parallel"

@@ -30,7 +30,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from train.profile_trace import event_totals  # noqa: E402
+from train.tools.profile_trace import event_totals  # noqa: E402
 
 
 def attention_inputs(op, shape, fields, rng):

@@ -36,7 +36,7 @@ Stages (each reads the previous one's output under --work, default data/prose_sr
               --num-shards S` (byte-level BPE trained on every document, then ArrayRecord
               shards), then OUT/corpus_stats.json: per-split documents, tokens, length
               distribution (the held-out split is the trainer's: data.heldout_fraction of the
-              documents by a hash of their path, train/data.py)
+              documents by a hash of their path, train/data/pipeline.py)
 
 Needs: apt-get and dpkg-deb (Debian), pod2text (perl), pip, this repository's venv.
 """
@@ -543,7 +543,7 @@ def prepare(work: Path, out: Path, vocab_size: int, num_shards: int, force: bool
 
 def write_stats(work: Path, out: Path, heldout_fraction: float) -> dict:
     sys.path.insert(0, str(REPO))
-    from train.data import split_document_indices
+    from train.data.pipeline import split_document_indices
 
     manifest = json.loads((out / "manifest.json").read_text())
     keys = [k for shard in manifest["shards"] for k in shard["keys"]]

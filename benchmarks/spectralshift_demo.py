@@ -15,10 +15,10 @@ checkpoint, same tokens (same data seed, steps and tokens per step) for every va
 
 and reports per variant (the reference as "before"): M_slow, H_slow and mean E_write of the
 needle key at distances ell = L - 1 - p from L_short / 8 up to the target, L_target - 1 - p
-(train/spectra.py; the needle's last token at p = L_short / 2; the same inputs for every run), held-out loss at L_short (general ability) and at L_target, and needle retrieval at
-L_target from train.long_eval.evaluate_long when that module exists (else "n/a"). Writes
+(train/experiments/spectra.py; the needle's last token at p = L_short / 2; the same inputs for every run), held-out loss at L_short (general ability) and at L_target, and needle retrieval at
+L_target from train.experiments.long_eval.evaluate_long when that module exists (else "n/a"). Writes
 results.json, table.md, slow_band_<model>.png (every variant) and spectra_<model>/
-(reference vs ss_k0.5: train/spectra.py's report) under --out; a later command with other
+(reference vs ss_k0.5: train/experiments/spectra.py's report) under --out; a later command with other
 --models adds its rows to the same table. The runs go to --runs (re-running resumes).
 """
 
@@ -74,8 +74,8 @@ def model_overrides(size: dict, pattern: str) -> list[str]:
 
 
 def pretrain(size: dict, pattern: str, run_dir: Path):
-    from train.config import load_config
-    from train.fit import fit
+    from train.core.fit import fit
+    from train.core.presets import load_config
 
     config = load_config("tiny_gdn", model_overrides(size, pattern) + [
         f"data.seq_len={size['short']}", f"data.batch_size={size['batch']}",
@@ -87,7 +87,7 @@ def pretrain(size: dict, pattern: str, run_dir: Path):
 
 def extension_config(size: dict, pattern: str, reference: Path, variant: str):
     """The cpt config of one variant: 4x the context, a quarter of the batch (same tokens)."""
-    from train.config import load_config
+    from train.core.presets import load_config
 
     return load_config("tiny_gdn", model_overrides(size, pattern) + [
         f"data.seq_len={4 * size['short']}", f"data.batch_size={size['batch'] // 4}",
@@ -98,19 +98,19 @@ def extension_config(size: dict, pattern: str, reference: Path, variant: str):
 
 
 def extend(size: dict, pattern: str, reference: Path, variant: str, run_dir: Path):
-    from train.cpt import continued_pretraining
+    from train.experiments.cpt import continued_pretraining
 
     return continued_pretraining(extension_config(size, pattern, reference, variant), run_dir)
 
 
 def retrieval(run_dir: Path, target: int, samples: int) -> dict | str:
     """Mean accuracy over depths at the target length per task (None cells, where the task
-    does not fit the length, left out), from train.long_eval."""
+    does not fit the length, left out), from train.experiments.long_eval."""
     try:
-        from train.long_eval import evaluate_long
-        from train.long_eval_tasks import TASKS
+        from train.experiments.long_eval import evaluate_long
+        from train.experiments.long_eval_tasks import TASKS
     except ImportError:
-        return "n/a (train.long_eval not available)"
+        return "n/a (train.experiments.long_eval not available)"
     result = evaluate_long(run_dir, lengths=[target], depths=(0.1, 0.5, 0.9),
                            num_samples=samples, seed=0, position_batches=1)
     accuracy = {}
@@ -122,8 +122,8 @@ def retrieval(run_dir: Path, target: int, samples: int) -> dict | str:
 
 
 def measure(run_dir: Path, size: dict, tokens, position: int) -> dict:
-    from train.evaluate import evaluate_run
-    from train.spectra import spectra
+    from train.core.evaluate import evaluate_run
+    from train.experiments.spectra import spectra
 
     target = 4 * size["short"]
     lengths = [position + 1 + d for d in (size["short"] // 8, size["short"] // 4)] + [
@@ -171,7 +171,8 @@ def write_table(records: dict, out: Path, seconds: float) -> str:
         f"(`python benchmarks/spectralshift_demo.py --size {records['size']}`), {seconds:.0f} s.\n"
         f"Slow-band widths and E_write at distances ell from the needle (its last token at "
         f"{position}; ell = {distances[-1]} is the target length), means over "
-        f"{size['samples']} needle sequences; retrieval: train.long_eval, mean over depths.\n\n"
+        f"{size['samples']} needle sequences; retrieval: train.experiments.long_eval, mean over "
+        f"depths.\n\n"
         + text + "\n")
     return text
 
@@ -218,7 +219,7 @@ def main(argv=None) -> int:
     jax.config.update("jax_compilation_cache_dir", str(runs / "jax_cache"))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 
-    from train.spectra import write_report
+    from train.experiments.spectra import write_report
 
     records = {"size": args.size, "settings": size, "needle_position": position, "models": {}}
     earlier = out / "results.json"

@@ -9,7 +9,7 @@ For each model family (FoX; softmax + RoPE with an untied head; Gated DeltaNet w
 value heads; GDN + softmax hybrid) and each size LAYERSxLENGTHxBATCH, a small LanguageModel
 (d_model 256, 4 attention heads of 64, GDN 2 q/k heads of 64 and 4 value heads, vocab 512) with
 its own initialisation, every parameter moved by 0.05 N(0, 1) (so that no norm scale sits at 1
-and no bias at 0), is exported with `train.export.export_params` (float32) and the logits on
+and no bias at 0), is exported with `train.tools.export.export_params` (float32) and the logits on
 the same random tokens (one document per row) are compared (relative L2 over all logits):
 
     fp32       fla float32 vs JAX float32, both in true float32: JAX under
@@ -146,7 +146,7 @@ def error_text(error: BaseException) -> str:
 
 
 def family_config(name: str, size, extra=()):
-    from train.config import load_config
+    from train.core.presets import load_config
 
     layers, length, _ = size
     return load_config(None, BASE + MODELS[name] + [f"model.num_layers={layers}",
@@ -158,8 +158,8 @@ def jax_side(work: Path, name: str, sizes, stage: str, tf32_check: bool) -> int:
     stage "extras": the bf16 logits and (first size, tf32_check) the default-precision ones."""
     import jax
 
-    from train import export
-    from train.model import LanguageModel
+    from train.core.model import LanguageModel
+    from train.tools import export
 
     status_file = work / name / f"jax_{stage}.json"
     status = {"platform": jax.default_backend(), "devices": [str(d) for d in jax.devices()],
@@ -648,7 +648,7 @@ def _f64_gated_deltanet(w, x, cfg):
 
 def f64_logits(folder: Path, tokens) -> "np.ndarray":
     """float64 logits [B, T, V] of an fla-layout export (config.json, model.safetensors)."""
-    from train.safetensors_file import read_safetensors
+    from train.tools.safetensors_file import read_safetensors
 
     cfg = json.loads((folder / "config.json").read_text())
     tensors, _ = read_safetensors(folder / "model.safetensors")

@@ -12,7 +12,7 @@ Nothing else changes: not a_proj's bias, not A_log, not dt_bias. Apply it exactl
 extension stage, to the parameters only (never to an optimizer state).
 
 `optimizer_labels(params, freeze_gdn_decay=False)` names the optimizer group of every
-parameter, for optax.multi_transform (the one rule; train/optimizer.py uses it), first match:
+parameter, for optax.multi_transform (the one rule; train/core/optimizer.py uses it), first match:
 
     "alpha"     path ends in a_proj/kernel          learning rate x s, weight decay
     "frozen"    A_log, dt_bias (freeze_gdn_decay)   zero update

@@ -37,13 +37,14 @@ CPU_LEVEL_FLAG = "--xla_backend_optimization_level=0"
 # modules whose module-scoped fixture trains a run or starts an 8-device subprocess
 SHARED_FIXTURE_MODULES = frozenset({
     "tests/kernels_pallas/test_shard_map.py",
-    "tests/train/test_export_refuses_overwrite.py",
-    "tests/train/test_long_eval.py",
-    "tests/train/test_long_eval_settings.py",
-    "tests/train/test_new_user_notes.py",
-    "tests/train/test_progress_lines.py",
-    "tests/train/test_stage_chain_consistency.py",
-    "tests/train/test_unreadable_runs.py",
+    "tests/train/cli/test_cpt.py",
+    "tests/train/cli/test_entry_unreadable_runs.py",
+    "tests/train/cli/test_eval_long.py",
+    "tests/train/cli/test_export.py",
+    "tests/train/cli/test_generate_progress.py",
+    "tests/train/cli/test_spectra.py",
+    "tests/train/experiments/test_long_eval.py",
+    "tests/train/experiments/test_stages_chain.py",
 })
 
 

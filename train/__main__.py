@@ -1,4 +1,4 @@
-"""`python -m train ...`: see train/cli.py."""
+"""`python -m train ...`: see train/cli/__init__.py."""
 
 import logging
 import sys
@@ -7,6 +7,6 @@ import sys
 # message otherwise, and `main`'s own basicConfig would then be a no-op
 logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")
 
-from train.cli import main  # noqa: E402
+from train.cli.entry import main  # noqa: E402
 
 sys.exit(main())

@@ -10,7 +10,7 @@ bench() {  # preset context batch
   timeout ${LIMIT:-200} python3 -c "import sys
 from kernels_pallas.gated_delta import chunked
 chunked.INTRA_BACKWARD = '${INTRA}' or chunked.INTRA_BACKWARD
-from train.cli import main
+from train.cli.entry import main
 sys.exit(main(sys.argv[1:]))" bench $1 --context $2 --batch-size $3 --steps ${STEPS:-8} \
       --out $OUT/bench_$1_$2.json
 }

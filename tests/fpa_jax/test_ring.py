@@ -159,7 +159,8 @@ RING_ALONE_SCRIPT = textwrap.dedent("""
         return jax.jit(jax.grad(loss, argnums=tuple(range(len(args)))),
                        compiler_options=options)(*args)
 
-    # FPA's ring at the default level: tests/train/test_context_parallel_trainer.py (compile time)
+    # FPA's ring at the default level: tests/train/core/test_sharding_context_parallel.py
+    # (compile time)
     cases = {
         "fox": ((q, k, v, log_forget), ("q", "k", "v", "log_forget"), fox_split,
                 lambda *a: fox_attention(*a, scale=0.3, implementation="reference"), (0, None)),

@@ -126,9 +126,9 @@ SCRIPT = textwrap.dedent("""
     out["lowered"] = lowered
 
     # the trainer: one shard_map per mixer in the train step
-    from train.config import load_config
-    from train.session import build_session, to_global
-    from train.sharding import make_mesh, mesh_context
+    from train.core.presets import load_config
+    from train.core.session import build_session, to_global
+    from train.core.sharding import make_mesh, mesh_context
     config = load_config(None, ["model.d_model=32", "model.num_layers=2", "model.pattern=GA",
         "attention.kind=fpa", "attention.num_heads=2", "attention.head_dim=16",
         "gdn.num_heads=2", "gdn.head_dim=16", "data.seq_len=16", "data.batch_size=8",

@@ -8,7 +8,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from train.cli import main
+from train.cli.entry import main
 from train.probes import runner
 from train.probes.runner import ProbeConfig
 from train.probes.tasks import TASKS, task_sizes

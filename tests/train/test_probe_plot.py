@@ -3,7 +3,7 @@ given (or found one level down in a folder); mistakes give one `error:` line and
 
 import json
 
-from train.cli import main
+from train.cli.entry import main
 
 
 def write_result(folder, task, finals, threshold=0.95):

@@ -408,7 +408,7 @@ TINY_SIZES = dict(rungs=3, num_values=4)
 
 @pytest.mark.slow
 def test_cli_writes_outputs_and_vmap_equals_seeds_one_by_one(tmp_path, capsys):
-    from train.cli import main
+    from train.cli.entry import main
 
     args = ["probe", "ladder", "seeds=2", "methods=fpa", f"out={tmp_path}"]
     args += [f"{k}={v}" for k, v in {**TINY, **TINY_SIZES}.items()]
@@ -443,7 +443,7 @@ def test_runner_rejects_bad_arguments():
 
 
 def test_cli_lists_tasks_and_rejects_bad_keys(capsys):
-    from train.cli import main
+    from train.cli.entry import main
 
     assert main(["probe", "list"]) == 0
     assert "ladder" in capsys.readouterr().out

@@ -5,8 +5,8 @@ pass instead), and a curriculum whose reference is missing points at --reference
 import json
 from pathlib import Path
 
-from train.config import load_config
-from train.runs import default_run_dir
+from train.core.presets import load_config
+from train.core.runs import default_run_dir
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -31,7 +31,7 @@ def test_readme_says_when_runs_tiny_gdn_exists():
 
 
 def test_missing_curriculum_reference_points_at_the_option(tmp_path, capsys):
-    from train.cli import main
+    from train.cli.entry import main
 
     curriculum = tmp_path / "curriculum.yaml"
     curriculum.write_text(json.dumps({

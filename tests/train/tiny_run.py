@@ -25,7 +25,7 @@ def write_corpus(root: Path, seed: int, documents: int = 12) -> Path:
 
 def fit_tiny_run(root: Path, seed: int, documents: int = 12, steps: int = 2) -> Path:
     """Train the tiny softmax LM for `steps` steps on a fresh corpus under root; the run dir."""
-    from train.cli import main
+    from train.cli.entry import main
 
     corpus = root / "corpus"
     corpus.mkdir()

@@ -6,5 +6,5 @@
     driver.py    Generator: jitted prefill and step, caches resized to the live keys, timing
     loading.py   a run's config, tokenizer, model and checkpoint params
 
-The command line is train/generate_cli.py (`python -m train generate RUN --prompt TEXT`).
+The command line is train/cli/generate.py (`python -m train generate RUN --prompt TEXT`).
 """

@@ -1,4 +1,4 @@
-"""The language model (train/model.py) as prefill + one-token decode step with per-layer caches.
+"""The language model (train/core/model.py) as prefill + one-token decode step with per-layer caches.
 
     prefill(params, tokens [B, T])    -> (logits float32 [B, T, V], caches)
     step(params, tokens_t [B], caches) -> (logits float32 [B, V], caches)
@@ -22,8 +22,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from train.core.model import LanguageModel, SwiGLU, _dtype, build_mixer, rms_norm
 from train.generate import mixers
-from train.model import LanguageModel, SwiGLU, _dtype, build_mixer, rms_norm
 
 
 class Decoder:

@@ -2,7 +2,7 @@
 
     load(run_dir, step=None) -> Loaded(config, tokenizer, model, params, step)
 
-The newest readable checkpoint, or `step` (train/runs.py, read-only), restored through the
+The newest readable checkpoint, or `step` (train/core/runs.py, read-only), restored through the
 same session as training so its shardings and retired state keys are handled there.
 """
 
@@ -12,9 +12,9 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from train.config import Config
-from train.model import LanguageModel
-from train.tokenizer import Tokenizer
+from train.core.config import Config
+from train.core.model import LanguageModel
+from train.data.tokenizer import Tokenizer
 
 
 @dataclasses.dataclass
@@ -27,8 +27,10 @@ class Loaded:
 
 
 def load(run_dir: str | Path, step: int | None = None) -> Loaded:
-    from train.runs import load_run, restore_run_state
-    from train.session import build_session
+    # deferred: `python -m train --help` imports this module; orbax, optax and grain load
+    # only when a run is read
+    from train.core.runs import load_run, restore_run_state
+    from train.core.session import build_session
 
     config, tokenizer = load_run(run_dir)
     session = build_session(config, tokenizer.vocab_size)

@@ -1,4 +1,4 @@
-"""The PyTorch side of the fpa-torch export format (train/export.py copies these files as is).
+"""The PyTorch side of the fpa-torch export format (train/tools/export.py copies these files as is).
 
     configuration_fpa.py   FPAConfig (transformers PretrainedConfig, model_type fpa_transformer)
     modeling_fpa.py        FPAForCausalLM: the FPA language model in dense PyTorch

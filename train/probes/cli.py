@@ -205,7 +205,7 @@ def plot_main(argv: list[str]) -> int:
 
 
 def main(argv: list[str]) -> int:
-    from train.metrics import progress_line
+    from train.core.metrics import progress_line
     from train.probes.model import METHODS
     from train.probes.report import format_table, write_outputs
     from train.probes.runner import run_probe

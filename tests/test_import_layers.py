@@ -1,0 +1,162 @@
+"""Which way the imports go (docs/architecture.md, "The training package").
+
+Every module of the library packages and of `train` is parsed with `ast` (nothing is imported)
+and mapped to a layer. A module may import from its own layer and from the layers below it,
+never from a layer above; imports inside functions count like the others. Within `train` the
+modules import each other without cycles.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = ("kernels_pallas", "fpa_jax", "gdn_jax", "train")     # the modules checked
+ABOVE = ("benchmarks", "tests")         # may import the packages, never imported by them
+
+# bottom to top; a module belongs to the layer of the longest prefix that names it
+LAYERS = (
+    ("library", ("kernels_pallas", "fpa_jax", "gdn_jax")),
+    ("train.data", ("train", "train.data")),       # "train": its __init__ imports nothing
+    ("train.checkpoint", ("train.checkpoint",)),
+    ("train.core", ("train.core",)),
+    ("train.experiments, train.tools", ("train.experiments", "train.tools", "train.probes",
+                                        "train.generate", "train.hf_fpa")),
+    ("train.cli", ("train.cli", "train.__main__")),
+    ("benchmarks, tests", ABOVE),
+)
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def layer_of(module: str) -> int:
+    """Index into LAYERS of the longest matching prefix."""
+    best, best_length = None, -1
+    for index, (_, prefixes) in enumerate(LAYERS):
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > best_length:
+                best, best_length = index, len(prefix)
+    if best is None:
+        raise AssertionError(f"{module}: in no layer of LAYERS")
+    return best
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for package in PACKAGES:
+        for path in sorted((REPO / package).rglob("*.py")):
+            found[module_name(path)] = path
+    return found
+
+
+MODULES = modules()
+
+
+def imported_modules(module: str, path: Path) -> list[tuple[int, str]]:
+    """(line, module) for every import of a module of PACKAGES or ABOVE in the file, at any
+    depth; for `from package import name` the submodule when `name` is one, else the package."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    is_package = path.name == "__init__.py"
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = module.split(".")
+                parent = parent if is_package else parent[:-1]
+                parent = parent[:len(parent) - node.level + 1]
+                base = ".".join(parent + ([base] if base else []))
+            for alias in node.names:
+                submodule = f"{base}.{alias.name}"
+                found.append((node.lineno, submodule if submodule in MODULES else base))
+    return [(line, name) for line, name in found if name.split(".")[0] in PACKAGES + ABOVE]
+
+
+def upward_imports_of(module: str, path: Path) -> list[str]:
+    """One line per import of `module` (read from `path`) from a layer above its own."""
+    own, problems = layer_of(module), []
+    where = path.relative_to(REPO) if path.is_relative_to(REPO) else path
+    for line, target in imported_modules(module, path):
+        if layer_of(target) > own:
+            problems.append(f"{where}:{line}: {module} imports {target} (layer "
+                            f"{LAYERS[layer_of(target)][0]}) from layer {LAYERS[own][0]}")
+    return problems
+
+
+def test_every_module_imports_only_from_its_layer_and_below():
+    problems = [problem for module, path in MODULES.items()
+                for problem in upward_imports_of(module, path)]
+    assert not problems, "imports from a higher layer:\n" + "\n".join(problems)
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), and modules that
+    import themselves."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for successor in sorted(graph.get(node, ())):
+            if successor not in index:
+                visit(successor)
+                low[node] = min(low[node], low[successor])
+            elif successor in on_stack:
+                low[node] = min(low[node], index[successor])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1 or node in graph.get(node, ()):
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_the_training_package_has_no_import_cycles():
+    graph = {module: {target for _, target in imported_modules(module, path)
+                      if target.split(".")[0] == "train" and target != module}
+             for module, path in MODULES.items() if module.split(".")[0] == "train"}
+    found = cycles(graph)
+    assert not found, "import cycles: " + "; ".join(" <-> ".join(c) for c in found)
+
+
+def test_an_upward_import_is_named_with_its_file_and_line(tmp_path):
+    path = tmp_path / "config.py"
+    path.write_text("import json\n\nfrom train.data.tokenizer import ByteTokenizer\n\n\n"
+                    "def late():\n    from train.cli import UserError\n")
+    assert upward_imports_of("train.core.config", path) == [
+        f"{path}:7: train.core.config imports train.cli (layer train.cli) from layer train.core"]
+
+
+def test_cycles_are_found():
+    assert cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
+    assert cycles({"a": {"a"}}) == [["a"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+@pytest.mark.parametrize("module, layer", [
+    ("fpa_jax.fpa.api", "library"), ("train.data.tokenizer", "train.data"),
+    ("train.checkpoint.manager", "train.checkpoint"), ("train.core.fit", "train.core"),
+    ("train.experiments.cpt", "train.experiments, train.tools"),
+    ("train.probes.cli", "train.experiments, train.tools"), ("train.cli.fit", "train.cli"),
+])
+def test_layers_of_some_modules(module, layer):
+    assert module in MODULES
+    assert LAYERS[layer_of(module)][0] == layer

@@ -1,0 +1,197 @@
+"""A session: everything compiled for one config on one mesh, and the data streams it reads.
+
+    model, optimizer, schedule     from the config (train/core/model.py, train/core/optimizer.py)
+    state                          {"step", "params", "opt_state"} (train/core/step.py), sharded by
+                                   the logical rules (train/core/sharding.py); abstract_state holds
+                                   its ShapeDtypeStructs with shardings, for restoring
+    train_step, eval_step          train/core/step.py, jitted with those shardings (the train
+                                   state is donated); a step whose loss or gradient norm is
+                                   not finite keeps params and opt_state as they were (only
+                                   "step" advances) and reports metrics["nonfinite"] = 1;
+                                   train.grad_accum micro-batches per step (train/core/step.py)
+    checked mode                   train.check_ranges: the train step runs under checkify
+                                   with the ops' range checks traced in (kernels_pallas.ranges
+                                   checked_ranges); a violated range raises RangeCheckError
+    data streams                   train: the training documents, rows shuffled as
+                                   data.shuffle says; eval: held-out documents in a fixed
+                                   shuffled order; batch_size / process per process
+
+Checkpoints written before the per-step "rng" was dropped from the state still restore:
+RETIRED_STATE_KEYS are read and discarded (`Checkpointer.restore(ignore_saved=...)`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import Mesh, NamedSharding
+
+from kernels_pallas.ranges import checked_ranges
+from train.core.config import Config
+from train.core.model import LanguageModel, build_model
+from train.core.optimizer import build_optimizer, learning_rate_schedule
+from train.core.sharding import (batch_sharding, global_batch, logical_shardings, make_mesh,
+                                 replicated, state_shardings)
+from train.core.step import State, make_eval_step, make_train_step
+from train.core.validation import validate_for_devices
+from train.data.pipeline import make_dataset
+from train.data.tokenizer import Tokenizer
+
+RETIRED_STATE_KEYS = ("rng",)   # a per-step PRNG key, split and saved but never used
+
+
+@dataclasses.dataclass
+class Session:
+    """Everything compiled for one config on one mesh."""
+
+    config: Config
+    mesh: Mesh
+    model: LanguageModel
+    optimizer: optax.GradientTransformation
+    schedule: optax.Schedule
+    state_shardings: State
+    abstract_state: State           # ShapeDtypeStructs with shardings (for restore)
+    batch_sharding: NamedSharding
+    train_step: Callable[[State, dict], tuple[State, dict]]
+    eval_step: Callable[[dict, dict], dict]
+    init_state: Callable[[], State]
+
+
+def guard_nonfinite(train_step: Callable[[State, dict], tuple[State, dict]]):
+    """train_step whose update is dropped when the loss, the gradient norm or any updated
+    parameter is not finite (an update can overflow the parameters while this step's loss and
+    gradients are still finite): new params/opt_state = where(finite, updated, previous);
+    metrics gain "nonfinite" (0./1.) and "nonfinite_params" (0./1.). Nothing non-finite ever
+    reaches the state, so nothing non-finite can be checkpointed."""
+
+    def guarded(state, batch):
+        new_state, metrics = train_step(state, batch)
+        params_finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(x))
+                                           for x in jax.tree.leaves(new_state["params"])]))
+        finite = (jnp.isfinite(metrics["loss"]) & jnp.isfinite(metrics["grad_norm"])
+                  & params_finite)
+        kept = jax.tree.map(lambda new, old: jnp.where(finite, new, old),
+                            {k: new_state[k] for k in ("params", "opt_state")},
+                            {k: state[k] for k in ("params", "opt_state")})
+        return ({**new_state, **kept},
+                {**metrics, "nonfinite": jnp.logical_not(finite).astype(jnp.float32),
+                 "nonfinite_params": jnp.logical_not(params_finite).astype(jnp.float32)})
+
+    return guarded
+
+
+class RangeCheckError(ValueError):
+    """train.check_ranges: an op argument left its valid range inside the train step."""
+
+
+def checked_train_step(train_step: Callable[[State, dict], tuple[State, dict]]):
+    """train_step under checkify with the ops' range checks traced in: (err, (state,
+    metrics)). `raise_range_errors` turns err into a RangeCheckError."""
+    from jax.experimental import checkify
+
+    def traced_with_checks(state, batch):
+        with checked_ranges():
+            return train_step(state, batch)
+
+    return checkify.checkify(traced_with_checks, errors=checkify.user_checks)
+
+
+def raise_range_errors(checked_step):
+    """(err, out) -> out, raising RangeCheckError when a range check failed (a host sync)."""
+
+    def step(state, batch):
+        error, out = checked_step(state, batch)
+        message = error.get()
+        if message is not None:
+            raise RangeCheckError(f"train.check_ranges: {message.splitlines()[0]}")
+        return out
+
+    return step
+
+
+def default_mesh(config: Config) -> Mesh:
+    return make_mesh(validate_for_devices(config, jax.device_count()))
+
+
+def build_session(config: Config, vocab_size: int, mesh: Mesh | None = None) -> Session:
+    """Model, optimizer, shardings and jitted step functions for `config` on `mesh`."""
+    mesh = default_mesh(config) if mesh is None else mesh
+    model = build_model(config, vocab_size)
+    optimizer = build_optimizer(config.optim, config.train.steps)
+    schedule = learning_rate_schedule(config.optim, config.train.steps)
+    # a length that splits over mesh.context (the init traces the context-parallel mixers)
+    dummy = jnp.zeros((1, min(config.data.seq_len, 16 * config.mesh.context)), jnp.int32)
+
+    def init_boxed(key):
+        return model.init(key, dummy, jnp.ones_like(dummy))["params"]
+
+    boxed = jax.eval_shape(init_boxed, jax.random.PRNGKey(0))
+    param_shardings = logical_shardings(boxed, mesh)
+    abstract_params = nn.meta.unbox(boxed)
+    abstract_opt_state = jax.eval_shape(optimizer.init, abstract_params)
+    shardings = {
+        "step": replicated(mesh),
+        "params": param_shardings,
+        "opt_state": state_shardings(abstract_opt_state, abstract_params, param_shardings, mesh),
+    }
+
+    def init_fn(seed):
+        # the first half of a split, as before the rng was dropped: a seed keeps its params
+        params_key = jax.random.split(jax.random.PRNGKey(seed))[0]
+        params = nn.meta.unbox(init_boxed(params_key))
+        return {"step": jnp.zeros((), jnp.int32), "params": params,
+                "opt_state": optimizer.init(params)}
+
+    abstract_state = jax.tree.map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+        jax.eval_shape(init_fn, 0), shardings)
+    jitted_init = jax.jit(init_fn, static_argnums=0, out_shardings=shardings)
+
+    data_sharding = batch_sharding(mesh)
+    batch_shardings = {"tokens": data_sharding, "segment_ids": data_sharding}
+    step_fn = guard_nonfinite(make_train_step(model, optimizer, schedule,
+                                              config.train.grad_accum))
+    if config.train.check_ranges:
+        train_step = raise_range_errors(jax.jit(
+            checked_train_step(step_fn), in_shardings=(shardings, batch_shardings),
+            out_shardings=(None, (shardings, replicated(mesh))), donate_argnums=(0,)))
+    else:
+        train_step = jax.jit(step_fn, in_shardings=(shardings, batch_shardings),
+                             out_shardings=(shardings, replicated(mesh)), donate_argnums=(0,))
+    eval_step = jax.jit(
+        make_eval_step(model, config.data.seq_len, config.train.position_buckets),
+        in_shardings=(shardings["params"], batch_shardings), out_shardings=replicated(mesh))
+    return Session(config=config, mesh=mesh, model=model, optimizer=optimizer, schedule=schedule,
+                   state_shardings=shardings, abstract_state=abstract_state,
+                   batch_sharding=data_sharding, train_step=train_step, eval_step=eval_step,
+                   init_state=lambda: jitted_init(config.train.seed))
+
+
+def to_global(session: Session, local_batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
+    return global_batch(local_batch, session.batch_sharding)
+
+
+def local_batch_size(config: Config) -> int:
+    if config.data.batch_size % jax.process_count():
+        raise ValueError(f"data.batch_size={config.data.batch_size} must be divisible by the "
+                         f"{jax.process_count()} processes")
+    return config.data.batch_size // jax.process_count()
+
+
+def make_split_dataset(config: Config, tokenizer: Tokenizer, split: str):
+    """The train stream, or the eval stream: held-out documents in a fixed shuffled order (so
+    the first eval batches sample many documents, not the first few in sorted order)."""
+    d = config.data
+    return make_dataset(source=d.source, tokenizer=tokenizer, seq_len=d.seq_len,
+                        batch_size=local_batch_size(config), split=split, seed=d.seed,
+                        heldout_fraction=d.heldout_fraction, process_index=jax.process_index(),
+                        process_count=jax.process_count(),
+                        max_documents=d.max_documents or None, shuffle=True,
+                        shuffle_mode=d.shuffle if split == "train" else "window",
+                        shuffle_window=d.shuffle_window)

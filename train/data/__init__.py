@@ -1,0 +1,1 @@
+"""Tokenizers and the data pipeline: documents -> packed rows -> batches (grain)."""
