@@ -245,51 +245,54 @@ def test_variable_dips_needs_order():
 # ------------------------------------------------------------------------------ live names
 
 
-def replay_names(tokens, levels, num_values):
-    """Explicit alive set: DIP(d) removes every earlier key above level d."""
+def replay_names(tokens, levels, num_values, copies=1):
+    """Explicit alive list: DIP(d) removes every earlier key above level d; a name is answered
+    ALIVE when all its keys (`copies` of them) are alive."""
     lay = live_names_layout(levels, num_values)
-    alive, written, answers = {}, set(), {}
+    alive, written, answers = [], [], {}
     for i, t in enumerate(tokens):
         if lay["key"] <= t < lay["dip"]:
             level, name = divmod(t - lay["key"], num_values)
-            assert name not in written
-            written.add(name)
-            alive[name] = level + 1
+            written.append(name)
+            alive.append((name, level + 1))
         elif lay["dip"] <= t < lay["ask"]:
             assert not answers
-            alive = {n: level for n, level in alive.items() if level <= t - lay["dip"]}
+            alive = [(n, level) for n, level in alive if level <= t - lay["dip"]]
         else:
             name = t - lay["ask"]
-            assert name in written
-            answers[i] = lay["alive"] if name in alive else lay["dead"]
-    assert len(answers) == len(written)
+            assert written.count(name) == copies
+            live = sum(n == name for n, _ in alive)
+            answers[i] = lay["alive"] if live == copies else lay["dead"]
+    assert len(answers) * copies == len(written)
     return answers
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-@pytest.mark.parametrize("levels, num_keys, num_dips", [(1, 1, 1), (4, 5, 2), (6, 3, 4)])
-def test_live_names_matches_replay(seed, levels, num_keys, num_dips):
+@pytest.mark.parametrize("levels, num_keys, num_dips, copies",
+                         [(1, 1, 1, 1), (4, 5, 2, 1), (6, 3, 4, 1), (5, 6, 2, 2), (4, 6, 1, 3)])
+def test_live_names_matches_replay(seed, levels, num_keys, num_dips, copies):
     data = tasks.live_names(seed, 40, levels=levels, num_keys=num_keys,
-                            num_values=num_keys + 1, num_dips=num_dips)
+                            num_values=num_keys + 1, num_dips=num_dips, copies=copies)
     assert data.vocab_size == live_names_layout(levels, num_keys + 1)["vocab_size"]
     for tokens, targets, mask in rows(data):
-        answers = replay_names(tokens, levels, num_keys + 1)
+        answers = replay_names(tokens, levels, num_keys + 1, copies)
         assert sorted(answers) == [i for i, m in enumerate(mask) if m]
         assert all(targets[i] == answers.get(i, PAD) for i in range(len(tokens)))
     if levels > 1:
         assert {1, 2} == set(data.targets[data.mask])
 
 
-def test_live_names_fpa_live_keys_are_the_alive_names():
+@pytest.mark.parametrize("copies", [1, 2])
+def test_live_names_fpa_live_keys_are_the_alive_names(copies):
     """FPA's construction with the dense bias: flat walk, field d + 1/2 at DIP(d) and r + 1
-    elsewhere, level l at KEY(v, l) (-1 elsewhere). The keys with bias 0 at each query are
-    exactly the names answered ALIVE."""
+    elsewhere, level l at KEY(v, l) (-1 elsewhere). A name is answered ALIVE exactly when all
+    its keys (`copies` of them) have bias 0 at the query."""
     from fpa_jax import fields, fpa_bias
 
     levels, num_values = 5, 6
     lay = live_names_layout(levels, num_values)
-    data = tasks.live_names(case_seed(37), 30, levels=levels, num_keys=5,
-                            num_values=num_values, num_dips=3)
+    data = tasks.live_names(case_seed(37), 30, levels=levels, num_keys=4 * copies,
+                            num_values=num_values, num_dips=3, copies=copies)
     tokens = data.tokens
     is_key = (tokens >= lay["key"]) & (tokens < lay["dip"])
     is_dip = (tokens >= lay["dip"]) & (tokens < lay["ask"])
@@ -298,11 +301,14 @@ def test_live_names_fpa_live_keys_are_the_alive_names():
     f32 = lambda a: a[..., None].astype(np.float32)
     phi, psi = fields(f32(np.zeros(tokens.shape)), f32(g), f32(h))
     bias = np.asarray(fpa_bias(phi, psi, np.ones(1, np.float32)))[:, 0]
+    answers = set()
     for row, (toks, targets, mask) in enumerate(rows(data)):
         for t in np.flatnonzero(mask):
-            live = {(toks[s] - lay["key"]) % num_values for s in np.flatnonzero(is_key[row, :t])
-                    if bias[row, t, s] == 0.0}
-            assert (targets[t] == lay["alive"]) == (toks[t] - lay["ask"] in live)
+            live = [(toks[s] - lay["key"]) % num_values for s in np.flatnonzero(is_key[row, :t])
+                    if bias[row, t, s] == 0.0]
+            answers.add(targets[t])
+            assert (targets[t] == lay["alive"]) == (live.count(toks[t] - lay["ask"]) == copies)
+    assert answers == {lay["alive"], lay["dead"]}
 
 
 def test_live_names_needs_order_and_the_keys_own_level():
@@ -338,3 +344,5 @@ def test_dips_and_names_reject_bad_sizes():
         tasks.live_names(0, 4, num_keys=5, num_values=4)
     with pytest.raises(ValueError, match="levels"):
         tasks.live_names(0, 4, levels=0)
+    with pytest.raises(ValueError, match="multiple of copies"):
+        tasks.live_names(0, 4, num_keys=5, copies=2)

@@ -15,6 +15,7 @@ task's threshold in TASKS is the held-out accuracy a seed must exceed to count a
 from __future__ import annotations
 
 import inspect
+from collections import Counter
 from typing import Callable, NamedTuple
 
 import numpy as np
@@ -262,48 +263,56 @@ def live_names_layout(levels: int, num_values: int) -> dict[str, int]:
 
 
 def live_names(seed: int, num_sequences: int, levels: int = 12, num_keys: int = 8,
-               num_values: int | None = 12, num_dips: int = 3) -> ProbeData:
+               num_values: int | None = 12, num_dips: int = 3, copies: int = 1) -> ProbeData:
     """Live names: which names occur among the keys that are still alive?
 
-    Write phase: num_keys tokens KEY(v, l) (names v distinct, uniform from num_values symbols,
-    None: num_values = num_keys; levels l uniform in 1..r, r = `levels`) and num_dips tokens
-    DIP(d) (d uniform in 0..r-1), in uniformly random order. DIP(d) kills for good every key
-    written before it whose level is above d. Then one query ASK(v) per key, in random order,
-    scored: target ALIVE if the key named v is alive (no later dip falls below its level),
-    else DEAD. The write order is random, so a key's level is stated in its own token only
-    (the position says nothing about it), and a query names the key by content only; with
-    more names than a head's values can hold as a set, the name must be matched by content.
-    Layout: live_names_layout(levels, num_values); docs/experiments.md.
+    Write phase: num_keys tokens KEY(v, l) (num_keys / copies distinct names v, uniform from
+    num_values symbols, each written `copies` times; None: num_values = num_keys; levels l
+    uniform in 1..r, r = `levels`, one per key) and num_dips tokens DIP(d) (d uniform in
+    0..r-1), in uniformly random order. DIP(d) kills for good every key written before it
+    whose level is above d. Then one query ASK(v) per name, in random order, scored: target
+    ALIVE if the key named v is alive (no later dip falls below its level), else DEAD; with
+    copies > 1, ALIVE if every key named v is alive. The write order is random, so a key's
+    level is stated in its own token only (the position says nothing about it), and a query
+    names the key by content only; with more names than a head's values can hold as a set,
+    the name must be matched by content. Layout: live_names_layout(levels, num_values);
+    docs/experiments.md.
     """
     num_values = num_keys if num_values is None else num_values
     _check_sizes("live_names", num_sequences=num_sequences, levels=levels, num_keys=num_keys,
-                 num_values=num_values, num_dips=num_dips)
-    if num_values < num_keys:
-        raise ValueError(f"live_names: num_values must be >= num_keys ({num_keys}), "
-                         f"got {num_values}")
+                 num_values=num_values, num_dips=num_dips, copies=copies)
+    if num_keys % copies:
+        raise ValueError(f"live_names: num_keys ({num_keys}) must be a multiple of copies "
+                         f"({copies})")
+    if num_values < num_keys // copies:
+        raise ValueError(f"live_names: num_values must be >= num_keys / copies "
+                         f"({num_keys // copies}), got {num_values}")
     layout = live_names_layout(levels, num_values)
     rng = np.random.default_rng(seed)
     rows = []
     for _ in range(num_sequences):
-        names = rng.choice(num_values, size=num_keys, replace=False)
+        names = rng.choice(num_values, size=num_keys // copies, replace=False)
         key_levels = rng.integers(1, levels + 1, size=num_keys)
+        key_names = names if copies == 1 else rng.permutation(np.repeat(names, copies))
         events = np.array([True] * num_keys + [False] * num_dips)   # True: a key
         rng.shuffle(events)
-        tokens, alive, key_index = [], {}, 0
+        tokens, alive, key_index = [], [], 0    # alive: (name, level) of the live keys
         for is_key in events:
             if is_key:
-                name, level = int(names[key_index]), int(key_levels[key_index])
+                name, level = int(key_names[key_index]), int(key_levels[key_index])
                 tokens.append(layout["key"] + (level - 1) * num_values + name)
-                alive[name] = level
+                alive.append((name, level))
                 key_index += 1
             else:
                 depth = int(rng.integers(0, levels))
                 tokens.append(layout["dip"] + depth)
-                alive = {name: level for name, level in alive.items() if level <= depth}
+                alive = [(name, level) for name, level in alive if level <= depth]
         targets, mask = [PAD] * len(tokens), [False] * len(tokens)
-        for index in rng.permutation(num_keys):
+        live = Counter(name for name, _ in alive)
+        for index in rng.permutation(len(names)):
             tokens.append(layout["ask"] + int(names[index]))
-            targets.append(layout["alive"] if int(names[index]) in alive else layout["dead"])
+            targets.append(layout["alive"] if live[int(names[index])] == copies
+                           else layout["dead"])
             mask.append(True)
         rows.append((tokens, targets, mask))
     return _pack(rows, layout["vocab_size"])
