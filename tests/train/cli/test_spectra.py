@@ -1,45 +1,10 @@
 """`python -m train spectra` (train/cli/spectra.py): its table fits 100 columns."""
 
-import contextlib
-import io
-
-import pytest
-
-from tests.train.tiny_run import write_corpus
+from train.cli.entry import main
 
 
-GDN = ["model.d_model=16", "model.num_layers=1", "model.pattern=G", "gdn.num_heads=2",
-       "gdn.head_dim=8", "gdn.implementation=reference", "data.batch_size=2",
-       "data.heldout_fraction=0.2", "train.eval_batches=1", "train.log_every=1",
-       "train.position_buckets=2", "train.tensorboard=false", "optim.warmup_steps=0",
-       "train.steps=1"]
-
-
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """A one-step GDN reference at context 16 and one cpt step of it at 32, with what the cpt
-    command wrote on stderr."""
-    from train.cli.entry import main
-
-    root = tmp_path_factory.mktemp("notes")
-    corpus = root / "corpus"
-    corpus.mkdir()
-    write_corpus(corpus, seed=51)
-    reference, extended = root / "ref", root / "cpt"
-    source = f"data.source={corpus}"
-    assert main(["fit", "tiny_gdn", *GDN, source, "data.seq_len=16",
-                 "--run-dir", str(reference)]) == 0
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err):
-        assert main(["cpt", "gdn_tiny_cpt", *GDN, source, "data.seq_len=32",
-                     f"cpt.reference={reference}", "--run-dir", str(extended)]) == 0
-    return reference, extended, err.getvalue()
-
-
-def test_the_spectra_table_fits_100_columns(runs, tmp_path, capsys):
-    from train.cli.entry import main
-
-    reference, extended, _ = runs
+def test_the_spectra_table_fits_100_columns(gdn_cpt_runs, tmp_path, capsys):
+    reference, extended, _ = gdn_cpt_runs
     capsys.readouterr()
     assert main(["spectra", str(reference), "--compare", str(extended), "--lengths", "40", "64",
                  "--samples", "1", "--out", str(tmp_path / "sp")]) == 0
