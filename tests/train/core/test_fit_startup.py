@@ -1,13 +1,12 @@
 """A run's start (train/core/fit.py): the startup lines, the run record, and resuming."""
 
 import json
-import struct
-from pathlib import Path
 
 import pytest
 
 from tests.seeds import case_seed
 from tests.train import tiny_run
+from tests.train.tensorboard_events import tensorboard_scalars
 from train.cli.entry import main
 from train.core.metrics import METRICS_FILE
 from train.core.presets import load_config
@@ -19,22 +18,6 @@ TINY = tiny_run.TINY
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     return tiny_run.write_corpus(tmp_path_factory.mktemp("corpus"), seed=case_seed(1200))
-
-
-def tensorboard_scalars(events_dir: Path) -> list[list[tuple[str, int]]]:
-    """(tag, step) of every scalar, per event file (TFRecord framing, tensorboardX's proto)."""
-    from tensorboardX.proto.event_pb2 import Event
-
-    files = []
-    for path in sorted(events_dir.glob("events.out.tfevents.*")):
-        data, offset, scalars = path.read_bytes(), 0, []
-        while offset < len(data):
-            (length,) = struct.unpack("<Q", data[offset:offset + 8])
-            event = Event.FromString(data[offset + 12:offset + 12 + length])
-            offset += 12 + length + 4
-            scalars += [(value.tag, event.step) for value in event.summary.value]
-        files.append(scalars)
-    return files
 
 
 def test_run_startup_record_and_resume(tmp_path, corpus, capsys):

@@ -3,32 +3,15 @@ TensorBoard stream, the progress bar's rates."""
 
 import io
 import json
-import struct
-from pathlib import Path
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from tests.train.tensorboard_events import tensorboard_scalars
 from train.cli.entry import main
 from train.core.metrics import (METRICS_FILE, MetricsWriter, ProgressBar, format_duration,
                                 format_rate, format_table, read_metrics, truncate_metrics)
-
-
-def tensorboard_scalars(events_dir: Path) -> list[list[tuple[str, int]]]:
-    """(tag, step) of every scalar, per event file (TFRecord framing, tensorboardX's proto)."""
-    from tensorboardX.proto.event_pb2 import Event
-
-    files = []
-    for path in sorted(events_dir.glob("events.out.tfevents.*")):
-        data, offset, scalars = path.read_bytes(), 0, []
-        while offset < len(data):
-            (length,) = struct.unpack("<Q", data[offset:offset + 8])
-            event = Event.FromString(data[offset + 12:offset + 12 + length])
-            offset += 12 + length + 4
-            scalars += [(value.tag, event.step) for value in event.summary.value]
-        files.append(scalars)
-    return files
 
 
 def test_torn_line_and_replayed_steps_are_repaired_and_tensorboard_is_one_stream(tmp_path):
