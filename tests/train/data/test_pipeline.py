@@ -1,12 +1,11 @@
 """The data pipeline (train/data/pipeline.py): packing, splits, sharding over processes,
 iterator state, argument checks."""
 
-import string
-
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from tests.train.data.letter_corpus import LETTERS, letter_corpus
 from train.checkpoint.iterator_state import decode_iterator_state, encode_iterator_state
 from train.checkpoint.manager import Checkpointer
 from train.data.pipeline import (make_dataset, process_document_indices, split_document_indices,
@@ -16,20 +15,6 @@ from train.data.tokenizer import ByteTokenizer
 
 
 BYTE = ByteTokenizer()
-
-
-LETTERS = string.ascii_letters + string.digits  # 62 one-byte symbols, one per document
-
-
-def _letter_corpus(directory, count, seed):
-    """count documents; document i is LETTERS[i] repeated 3..40 times plus a newline."""
-    rng = np.random.default_rng(seed)
-    texts = {}
-    for i in range(count):
-        text = LETTERS[i] * int(rng.integers(3, 41)) + "\n"
-        (directory / f"doc_{i:02d}.txt").write_text(text)
-        texts[f"doc_{i:02d}.txt"] = text
-    return texts
 
 
 def _documents_seen(batches):
@@ -97,7 +82,7 @@ def test_decoded_rows_are_source_text():
 
 
 def test_whole_documents_round_trip(tmp_path):
-    texts = _letter_corpus(tmp_path, 30, seed=3)
+    texts = letter_corpus(tmp_path, 30, seed=3)
     dataset = make_dataset(source=str(tmp_path), tokenizer=BYTE, seq_len=120, batch_size=2,
                            seed=4, split="all", num_epochs=1, shuffle=False)
     decoded = []
@@ -111,7 +96,7 @@ def test_whole_documents_round_trip(tmp_path):
 
 
 def test_heldout_split_is_disjoint_and_stable(tmp_path):
-    texts = _letter_corpus(tmp_path, 60, seed=9)
+    texts = letter_corpus(tmp_path, 60, seed=9)
     corpus = resolve_source(str(tmp_path))
     train = split_document_indices(corpus.keys, split="train", heldout_fraction=0.2)
     held = split_document_indices(corpus.keys, split="eval", heldout_fraction=0.2)
@@ -131,7 +116,7 @@ def test_heldout_split_is_disjoint_and_stable(tmp_path):
 
 
 def test_processes_see_disjoint_documents(tmp_path):
-    _letter_corpus(tmp_path, 50, seed=12)
+    letter_corpus(tmp_path, 50, seed=12)
     corpus = resolve_source(str(tmp_path))
     seen, indices = [], []
     for process_index in range(2):

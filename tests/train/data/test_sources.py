@@ -3,31 +3,17 @@ were written from, and the tokenizer check."""
 
 import itertools
 import shutil
-import string
 
 import numpy as np
 import pytest
 
+from tests.train.data.letter_corpus import letter_corpus
 from train.data.pipeline import make_dataset
 from train.data.sources import write_arrayrecord_shards
 from train.data.tokenizer import ByteTokenizer, load_tokenizer, train_bpe
 
 
 BYTE = ByteTokenizer()
-
-
-LETTERS = string.ascii_letters + string.digits  # 62 one-byte symbols, one per document
-
-
-def _letter_corpus(directory, count, seed):
-    """count documents; document i is LETTERS[i] repeated 3..40 times plus a newline."""
-    rng = np.random.default_rng(seed)
-    texts = {}
-    for i in range(count):
-        text = LETTERS[i] * int(rng.integers(3, 41)) + "\n"
-        (directory / f"doc_{i:02d}.txt").write_text(text)
-        texts[f"doc_{i:02d}.txt"] = text
-    return texts
 
 
 def _assert_same_batches(first, second):
@@ -73,7 +59,7 @@ def test_arrayrecord_shards_match_text_source(tmp_path):
 def test_arrayrecord_rejects_other_tokenizer(tmp_path):
     corpus_dir = tmp_path / "text"
     corpus_dir.mkdir()
-    _letter_corpus(corpus_dir, 10, seed=1)
+    letter_corpus(corpus_dir, 10, seed=1)
     bpe = train_bpe(sorted(corpus_dir.iterdir()), 270)
     write_arrayrecord_shards(source=str(corpus_dir), tokenizer=bpe, out_dir=tmp_path / "s",
                              num_shards=2)
