@@ -95,17 +95,24 @@ def test_fp32_verdict_tells_rounding_from_a_mismatch():
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_float64_oracle_gives_the_jax_logits(family, tmp_path):
     """The script's float64 forward in fla's conventions (f64_logits) against the JAX model."""
+    tokens, expected = export_random_model(family, 200, tmp_path)
+    assert verify.relative_l2(verify.f64_logits(tmp_path, tokens), expected) <= 1e-5
+
+
+def export_random_model(family, case, tmp_path):
+    """A model of `family` with random parameters exported to tmp_path: 2 x 70 random tokens and
+    the JAX model's logits for them (float32 matmuls at full precision)."""
     from train.core.model import LanguageModel
 
     config = load_config(None, BASE + FAMILIES[family] + ["gdn.implementation=reference"])
-    rng = np.random.default_rng(case_seed(200 + sorted(FAMILIES).index(family)))
+    rng = np.random.default_rng(case_seed(case + sorted(FAMILIES).index(family)))
     params = random_params(config, rng)
     export.export_params(params, config, VOCAB, tmp_path)
     tokens = rng.integers(0, VOCAB, (2, 70)).astype(np.int32)
     with jax.default_matmul_precision("highest"):
         expected = np.asarray(jax.jit(LanguageModel(config, VOCAB).apply)(
             {"params": params}, tokens, np.ones_like(tokens)))
-    assert verify.relative_l2(verify.f64_logits(tmp_path, tokens), expected) <= 1e-5
+    return tokens, expected
 
 
 def random_params(config, rng):
@@ -148,16 +155,7 @@ def test_fla_model_classes_give_the_jax_logits(family, fla_on_cpu, tmp_path):
     import torch
     from safetensors.numpy import load_file
 
-    from train.core.model import LanguageModel
-
-    config = load_config(None, BASE + FAMILIES[family] + ["gdn.implementation=reference"])
-    rng = np.random.default_rng(case_seed(100 + sorted(FAMILIES).index(family)))
-    params = random_params(config, rng)
-    export.export_params(params, config, VOCAB, tmp_path)
-    tokens = rng.integers(0, VOCAB, (2, 70)).astype(np.int32)
-    with jax.default_matmul_precision("highest"):
-        expected = np.asarray(jax.jit(LanguageModel(config, VOCAB).apply)(
-            {"params": params}, tokens, np.ones_like(tokens)))
+    tokens, expected = export_random_model(family, 100, tmp_path)
     model = fla_on_cpu.from_pretrained(tmp_path, dtype=torch.float32).eval()
     state = model.state_dict()
     for name, tensor in load_file(str(tmp_path / export.WEIGHTS_FILE)).items():
