@@ -1,26 +1,12 @@
 """The data iterator's state as a checkpoint item (train/checkpoint/iterator_state.py)."""
 
-
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from tests.train.checkpoint.list_iterator import ListIterator
 from train.checkpoint.iterator_state import decode_iterator_state, encode_iterator_state
 from train.checkpoint.manager import Checkpointer
-
-
-class _ListIterator:
-    """Minimal checkpointable iterator with a tuple in its state (like grain's packer)."""
-
-    def __init__(self):
-        self.position = 0
-
-    def get_state(self):
-        return {"position": self.position, "slices": {"tokens": (-1, -1)}}
-
-    def set_state(self, state):
-        assert state["slices"]["tokens"] == (-1, -1)
-        self.position = state["position"]
 
 
 def test_iterator_state_encoding_keeps_tuples():
@@ -35,7 +21,7 @@ def test_iterator_state_encoding_keeps_tuples():
 def test_iterator_state_file_is_graincompatible_json(tmp_path):
     """The iterator item goes through grain's own handler: one process_<i>-of-<n>.json file
     holding `encode_iterator_state`'s text (tuples tagged, so they come back as tuples)."""
-    iterator = _ListIterator()
+    iterator = ListIterator()
     iterator.position = 7
     with Checkpointer(tmp_path, save_interval_steps=1) as checkpointer:
         checkpointer.save(1, state={"step": jnp.int32(1)}, data_iterator=iterator)

@@ -20,6 +20,7 @@ import optax
 import pytest
 
 from tests.devices import xla_flags
+from tests.train.checkpoint.list_iterator import ListIterator
 from train.checkpoint.manager import (QUARANTINE_DIRNAME, TMP_MARKER, Checkpointer,
                                       NoReadableCheckpointError, UnreadableCheckpointError)
 
@@ -60,20 +61,6 @@ def _assert_bitwise_equal(a, b):
         np.testing.assert_array_equal(_bits(x), _bits(y))
 
 
-class _ListIterator:
-    """Minimal checkpointable iterator with a tuple in its state (like grain's packer)."""
-
-    def __init__(self):
-        self.position = 0
-
-    def get_state(self):
-        return {"position": self.position, "slices": {"tokens": (-1, -1)}}
-
-    def set_state(self, state):
-        assert state["slices"]["tokens"] == (-1, -1)
-        self.position = state["position"]
-
-
 def _run_python(code, *, devices=1, timeout=120):
     env = dict(os.environ, PYTHONPATH=str(REPO),
                XLA_FLAGS=xla_flags(devices),
@@ -87,7 +74,7 @@ def _run_python(code, *, devices=1, timeout=120):
 @pytest.mark.parametrize("seed", [0, 5])
 def test_round_trip_is_bitwise(tmp_path, seed):
     state = _train_state(seed)
-    iterator = _ListIterator()
+    iterator = ListIterator()
     iterator.position = 41 + seed
     with Checkpointer(tmp_path, save_interval_steps=10) as checkpointer:
         assert checkpointer.save(10, state=state, data_iterator=iterator,
@@ -96,7 +83,7 @@ def test_round_trip_is_bitwise(tmp_path, seed):
                                         "markers": [{"l_ref": 8, "l_tar": 32, "s": 0.5}]})
         assert not checkpointer.save(11, state=state)  # not a multiple of the interval
         assert not checkpointer.save(10, state=state, force=True)  # exists already
-    restored_iterator = _ListIterator()
+    restored_iterator = ListIterator()
     with Checkpointer(tmp_path) as checkpointer:
         restored = checkpointer.restore_latest(_abstract(state), restored_iterator)
     assert restored.step == 10 and restored_iterator.position == 41 + seed
