@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from flax import traverse_util
 
+from benchmarks import verify_export_fla as verify
 from tests.seeds import case_seed
 from train.core.presets import load_config
 from train.tools import export
@@ -186,102 +187,10 @@ def test_unknown_parameters_and_dtypes_are_refused(tmp_path):
         export.import_params(tmp_path, other, export.abstract_params(other, VOCAB))
 
 
-def _rms(x, weight, eps):
-    return x / np.sqrt(np.mean(x * x, -1, keepdims=True) + eps) * weight
-
-
-def _silu(x):
-    return x / (1 + np.exp(-x))
-
-
-def _heads(x, dim):
-    return x.reshape(*x.shape[:-1], -1, dim)
-
-
-def _rope(x, base):
-    half = x.shape[-1] // 2
-    angles = np.arange(x.shape[0])[:, None] * base ** (-np.arange(half) * 2.0 / x.shape[-1])
-    cos, sin = np.cos(angles)[:, None], np.sin(angles)[:, None]
-    x1, x2 = x[..., :half], x[..., half:]
-    return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)
-
-
-def _attention(w, x, cfg, layer_cfg):
-    heads = layer_cfg["num_heads"]
-    dim = x.shape[-1] // heads
-    q, k, v = (_heads(x @ w[f"{p}_proj.weight"].T, dim) for p in "qkv")       # [T, H, Dh]
-    if "rope_theta" in layer_cfg:
-        q, k = _rope(q, layer_cfg["rope_theta"]), _rope(k, layer_cfg["rope_theta"])
-    logits = np.einsum("thd,shd->hts", q, k) / np.sqrt(dim)
-    if "f_proj.weight" in w:
-        log_f = -np.logaddexp(0, -(x @ w["f_proj.weight"].T + w["f_proj.bias"]))   # [T, H]
-        cum = np.cumsum(log_f, 0).T
-        logits = logits + cum[:, :, None] - cum[:, None, :]
-    length = x.shape[0]
-    logits = np.where(np.tril(np.ones((length, length), bool)), logits, -np.inf)
-    p = np.exp(logits - logits.max(-1, keepdims=True))
-    o = np.einsum("hts,shd->thd", p / p.sum(-1, keepdims=True), v)
-    return o.reshape(length, -1) @ w["o_proj.weight"].T
-
-
-def _gated_deltanet(w, x, cfg):
-    head_k, length = cfg["head_dim"], x.shape[0]
-    head_v = int(head_k * cfg["expand_v"])
-
-    def conv(name, y):
-        weight = w[f"{name}_conv1d.weight"][:, 0]                               # [C, W]
-        padded = np.concatenate([np.zeros((weight.shape[1] - 1, y.shape[1])), y])
-        return _silu(sum(padded[j:j + length] * weight[:, j] for j in range(weight.shape[1])))
-
-    def l2(y):
-        return y / np.sqrt(np.sum(y * y, -1, keepdims=True) + 1e-6)
-
-    q = l2(_heads(conv("q", x @ w["q_proj.weight"].T), head_k))
-    k = l2(_heads(conv("k", x @ w["k_proj.weight"].T), head_k))
-    v = _heads(conv("v", x @ w["v_proj.weight"].T), head_v)
-    gate = _heads(x @ w["g_proj.weight"].T, head_v)
-    g = -np.exp(w["A_log"]) * np.logaddexp(0, x @ w["a_proj.weight"].T + w["dt_bias"])
-    beta = 1 / (1 + np.exp(-(x @ w["b_proj.weight"].T)))
-    value_heads = v.shape[1]
-    key_head = np.arange(value_heads) // (value_heads // q.shape[1])
-    state = np.zeros((value_heads, head_k, head_v))
-    out = np.zeros_like(v)
-    for t in range(length):
-        kt, qt = k[t, key_head], q[t, key_head]
-        state = state * np.exp(g[t])[:, None, None]
-        error = v[t] - np.einsum("hk,hkv->hv", kt, state)
-        state = state + np.einsum("hk,hv->hkv", kt, beta[t][:, None] * error)
-        out[t] = np.einsum("hk,hkv->hv", qt, state) / np.sqrt(head_k)
-    normed = _rms(out, w["o_norm.weight"], cfg["norm_eps"]) * _silu(gate)
-    return normed.reshape(length, -1) @ w["o_proj.weight"].T
-
-
-def fla_convention_logits(out_dir, tokens):
-    """Logits [T, V] of an fla-layout export for one document, in float64 numpy."""
-    cfg = json.loads((out_dir / export.CONFIG_FILE).read_text())
-    tensors, _ = read_safetensors(out_dir / export.WEIGHTS_FILE)
-    tensors = {name: t.astype(np.float64) for name, t in tensors.items()}
-    eps = cfg["norm_eps"]
-    hybrid = (cfg.get("attn") or {}).get("layers", [])
-    x = tensors["model.embeddings.weight"][tokens]
-    for i in range(cfg["num_hidden_layers"]):
-        w = {name[len(f"model.layers.{i}."):]: t for name, t in tensors.items()
-             if name.startswith(f"model.layers.{i}.")}
-        attn = {name[len("attn."):]: t for name, t in w.items() if name.startswith("attn.")}
-        h = _rms(x, w["attn_norm.weight"], eps)
-        if cfg["model_type"] == "gated_deltanet" and i not in hybrid:
-            x = x + _gated_deltanet(attn, h, cfg)
-        else:
-            x = x + _attention(attn, h, cfg, cfg["attn"] if i in hybrid else cfg)
-        h = _rms(x, w["mlp_norm.weight"], eps)
-        x = x + (_silu(h @ w["mlp.gate_proj.weight"].T) * (h @ w["mlp.up_proj.weight"].T)
-                 ) @ w["mlp.down_proj.weight"].T
-    head = tensors.get("lm_head.weight", tensors["model.embeddings.weight"])
-    return _rms(x, tensors["model.norm.weight"], eps) @ head.T
-
-
 @pytest.mark.parametrize("name", ["fox", "softmax", "gdn_softmax_hybrid"])
 def test_fla_convention_forward_matches_the_jax_model(name, tmp_path):
+    """The export read back by the float64 forward in fla's conventions
+    (benchmarks/verify_export_fla.py f64_logits) gives the JAX model's logits."""
     from train.core.model import LanguageModel
 
     config = load_config(None, BASE + MODELS[name][0] + ["gdn.implementation=reference"])
@@ -291,7 +200,7 @@ def test_fla_convention_forward_matches_the_jax_model(name, tmp_path):
     tokens = np.random.default_rng(case_seed(61)).integers(0, VOCAB, 11)
     forward = jax.jit(LanguageModel(config, VOCAB).apply)
     expected = forward({"params": params}, tokens[None], np.ones((1, 11), np.int32))[0]
-    np.testing.assert_allclose(fla_convention_logits(tmp_path, tokens), expected,
+    np.testing.assert_allclose(verify.f64_logits(tmp_path, tokens[None])[0], expected,
                                rtol=2e-4, atol=2e-4)
 
 
