@@ -163,9 +163,8 @@ def prepare(cfg, q, k, v, out, lse, dout, bias, segment_ids):
         top = cfg.diag_levels  # the block level
         vectors.update(pre_min=pre_min[:, :, top], pre_mass=pre_mass[:, :, top],
                        suf_min=suf_min[:, :, top], suf_mass=suf_mass[:, :, top])
-        block_min, block_mass = fields.block_totals(pre_min[:, :, top], pre_mass[:, :, top], n)
-        vectors["bmin"] = jnp.repeat(block_min, n, axis=-1)
-        vectors["bmass"] = jnp.repeat(block_mass, n, axis=-1)
+        vectors["bmin"] = jnp.repeat(fields.at_block_ends(vectors["pre_min"], n), n, axis=-1)
+        vectors["bmass"] = jnp.repeat(fields.at_block_ends(vectors["pre_mass"], n), n, axis=-1)
         if cfg.separable:  # per-block bounds of the share paths (backward_kernels._share_path)
             vectors["chi"] = _per_block(vectors["pre_min"], n, jnp.max)
             vectors["alo"] = _per_block(vectors["suf_min"], n, jnp.min)

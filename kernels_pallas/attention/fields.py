@@ -67,10 +67,10 @@ def level_stats(phi, block, tau):
     return tuple(jnp.stack(parts, axis=-2) for parts in zip(*stats))
 
 
-def block_totals(top_min, top_mass, block):
-    """Minimum and soft-min mass (relative to it) of every block, [..., nb] each, from the
-    block level's prefix statistics [..., Tp] (their values at each block's last position)."""
-    return top_min[..., block - 1::block], top_mass[..., block - 1::block]
+def at_block_ends(x, block):
+    """[..., Tp] -> [..., nb]: each block's value at its last position (the block's total when
+    x is a block-level prefix statistic: its minimum, its mass)."""
+    return x[..., block - 1::block]
 
 
 def gap_minima(block_min):
@@ -130,12 +130,9 @@ def spread_gap(gap_total, block_min, phi, block, tau):
     return (totals[..., None] * _decay(x - block_min[..., None], tau)).reshape(phi.shape)
 
 
-def field_gradient(col_share, row_share, gap_total, phi, block, tau, pre_min=None,
-                   suf_min=None):
-    """dphi [..., Tp] from the kernels' shares: col/row_share [..., Lv, Tp]. pre_min, suf_min
-    [..., Lv, Tp]: level_stats' minima when the caller has them (else recomputed)."""
-    if pre_min is None or suf_min is None:
-        pre_min, _, suf_min, _ = level_stats(phi, block, tau)
+def field_gradient(col_share, row_share, gap_total, phi, block, tau, pre_min, suf_min):
+    """dphi [..., Tp] from the kernels' shares: col/row_share [..., Lv, Tp]; pre_min, suf_min
+    [..., Lv, Tp] level_stats' minima."""
     dphi = jnp.zeros_like(phi)
     for level in range(num_levels(block)):
         group = 1 << level
@@ -143,5 +140,5 @@ def field_gradient(col_share, row_share, gap_total, phi, block, tau, pre_min=Non
                                     group, tau)
         dphi = dphi + spread_prefix(row_share[..., level, :], pre_min[..., level, :], phi,
                                     group, tau)
-    block_min = pre_min[..., -1, block - 1::block]
+    block_min = at_block_ends(pre_min[..., -1, :], block)
     return dphi + spread_gap(gap_total, block_min, phi, block, tau)

@@ -38,7 +38,7 @@ import jax.numpy as jnp
 
 from kernels_pallas.attention.bias import FPABias, NoBias, SeparableBias
 from kernels_pallas.attention.common import BIG, SUPPORTED_HEAD_DIMS, dead_key_bounds
-from kernels_pallas.attention.fields import level_stats
+from kernels_pallas.attention.fields import at_block_ends, level_stats
 from kernels_pallas.interpret import interpret_active
 from kernels_pallas.padding import pad_time
 from kernels_pallas.attention.forward_kernel import BLOCK, LOG2E, ForwardConfig, forward_kernel
@@ -170,7 +170,7 @@ def attention_forward(q, k, v, bias=NoBias(), *, scale: float,
         psi = heads_major(bias.psi, padded)
         pre_min, _, suf_min, _ = level_stats(phi, n, 1.0)  # minima only: XLA drops the masses
         vec["pre"], vec["suf"] = pre_min[:, :, cfg.levels], suf_min[:, :, cfg.levels]
-        vec["bmin"] = _per_block(_blocks(phi, n).min(-1), n)
+        vec["bmin"] = _per_block(at_block_ends(vec["pre"], n), n)
         vec["beta"] = jnp.broadcast_to(bias.beta.astype(jnp.float32)[None, :, None],
                                        (batch, heads, padded))
         vec["psi"] = vec["dpsi"] = psi
