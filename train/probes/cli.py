@@ -211,12 +211,12 @@ def main(argv: list[str]) -> int:
     from train.probes.runner import run_probe
     from train.probes.tasks import TASKS, task_sizes
 
-    if argv[:1] == ["plot"] and not any(flag in argv[1:] for flag in HELP_FLAGS):
-        return plot_main(argv[1:])
     if argv[:1] == ["plot"]:
-        print(USAGE)
-        print(plot_main.__doc__)
-        return 0
+        if any(flag in argv[1:] for flag in HELP_FLAGS):
+            print(USAGE)
+            print(plot_main.__doc__)
+            return 0
+        return plot_main(argv[1:])
     if argv[:1] and (argv[0] in HELP_FLAGS or argv[0] == "list" and argv[1:2]):
         print(general_help())
         return 0
