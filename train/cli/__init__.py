@@ -24,7 +24,8 @@ Exit codes:
     1    error: a user mistake (data, checkpoints, run directory), printed as one line
          `error: ...` (-v: with the traceback)
     2    invalid command line or config (argparse; a bad preset, override or YAML file)
-    3    training diverged (non-finite loss or gradient norm, train.on_nonfinite=stop)
+    3    training diverged (non-finite loss or gradient norm, train.on_nonfinite=stop; or
+         non-finite parameters or optimizer state, either mode)
     75   stopped by SIGTERM/SIGINT after checkpointing: re-run the same command to resume
          (EX_TEMPFAIL: a scheduler should requeue); also SIGTERM before training started
          (loading, restoring, compiling) or outside `fit` (but `generate`): nothing new was

@@ -139,6 +139,7 @@ class TrainConfig:
     run_dir: str = ""              # "": runs/<preset>[-<hash of the overrides>] (train/core/runs.py)
     tensorboard: bool = True
     on_nonfinite: str = "stop"     # non-finite loss/grad norm: "stop" the run, or "skip" the step
+                                   # (non-finite parameters stop the run either way)
     grad_accum: int = 1            # micro-batches per step: data.batch_size / grad_accum rows
                                    # each, gradients summed (same loss and update as one batch)
     check_ranges: bool = False     # op argument ranges checked inside jit (checkify; slower)

@@ -11,7 +11,11 @@
                  counter (train/core/session.py guard_nonfinite); it is noticed at the next log
                  point or checkpoint, where train.on_nonfinite="stop" raises DivergenceError
                  before anything more is saved, and "skip" counts it (metrics kind "skipped")
-                 and goes on. Saved states are therefore always finite.
+                 and goes on. The same checks test the parameters and optimizer state exactly
+                 (session state_finite): an update from a finite loss and gradient norm that
+                 made them non-finite (an overflow; see guard_nonfinite) raises DivergenceError
+                 in both modes, as it is already applied. Saved states are therefore always
+                 finite.
     run dir      locked for one writer, removed again if the run fails before its first
                  metric or checkpoint (train/core/runs.py claimed_run_dir)
     startup      before compiling: devices and mesh, parameter count, tokens per step, the
@@ -156,7 +160,8 @@ def _restore_latest(checkpointer, session, data_iterator, run_dir: Path, config:
 
 
 class DivergenceError(RuntimeError):
-    """The loss or gradient norm became non-finite and train.on_nonfinite is "stop"."""
+    """The loss or gradient norm became non-finite and train.on_nonfinite is "stop", or the
+    parameters or optimizer state became non-finite (either mode)."""
 
 
 def fit(config: Config, run_dir: str | Path, *, hooks: FitHooks = FitHooks(),
@@ -227,33 +232,43 @@ def _fit_locked(config: Config, run_dir: Path, hooks: FitHooks, mesh: Mesh | Non
     skipped_steps = skipped_before      # over the whole run (kept in the checkpoint record)
 
     def check_finite() -> None:
-        """Stops (or counts) the non-finite steps since the last check."""
+        """Stops (or counts) the non-finite steps since the last check; stops on non-finite
+        parameters or optimizer state (such a state is never saved)."""
         nonlocal skipped_steps
         if not unchecked:
-            return
-        flags = jax.device_get([(s, m["nonfinite"], m["loss"], m["grad_norm"],
-                                 m["nonfinite_params"]) for s, m in unchecked])
+            return              # no step since the last check: the state was checked
+        since = unchecked[0][0]
+        parts_ok, flags = jax.device_get((
+            session.state_finite(state),
+            [(s, m["nonfinite"], m["loss"], m["grad_norm"]) for s, m in unchecked]))
         unchecked.clear()
-        bad = [(s, float(loss), float(norm), bool(params))
-               for s, flag, loss, norm, params in flags if flag]
-        if not bad:
-            return
-        first = bad[0]
-        if t.on_nonfinite == "stop":
-            latest = checkpointer.latest_step()
+        bad = [(s, float(loss), float(norm)) for s, flag, loss, norm in flags if flag]
+        latest = checkpointer.latest_step()
+        saved = ("no checkpoint was saved" if latest is None else
+                 f"nothing after checkpoint step {latest} was saved")
+        if bad and t.on_nonfinite == "stop":
+            first = bad[0]
             raise DivergenceError(
-                f"training diverged: non-finite loss {first[1]} / gradient norm {first[2]}"
-                f"{' / parameters after the update' if first[3] else ''} at step {first[0]} "
-                f"({len(bad)} such step(s) since the last check); "
-                + ("no checkpoint was saved" if latest is None else
-                   f"nothing after checkpoint step {latest} was saved")
-                + ". Lower optim.lr, or set train.on_nonfinite=skip to skip such steps")
-        skipped_steps += len(bad)
-        for s, loss, norm, _ in bad:
-            writer.write("skipped", s, {"loss": loss, "grad_norm": norm,
-                                        "skipped_total": skipped_steps})
-        bar.message(f"skipped {len(bad)} non-finite step(s) (first: step {first[0]}); "
-                    f"{skipped_steps} in this run")
+                f"training diverged: non-finite loss {first[1]} / gradient norm {first[2]} "
+                f"at step {first[0]} ({len(bad)} such step(s) since the last check); {saved}. "
+                "Lower optim.lr, or set train.on_nonfinite=skip to skip such steps")
+        if bad:
+            skipped_steps += len(bad)
+            for s, loss, norm in bad:
+                writer.write("skipped", s, {"loss": loss, "grad_norm": norm,
+                                            "skipped_total": skipped_steps})
+            bar.message(f"skipped {len(bad)} non-finite step(s) (first: step {bad[0][0]}); "
+                        f"{skipped_steps} in this run")
+        broken = [name for key, name in (("params", "parameters"),
+                                         ("opt_state", "optimizer state")) if not parts_ok[key]]
+        if broken:
+            steps = f"the update at step {step}" if since == step else \
+                f"an update at steps {since}-{step}"
+            raise DivergenceError(
+                f"training diverged: non-finite {' and '.join(broken)} after {steps} (an "
+                f"overflow by an update whose loss and gradient norm were finite; "
+                f"train.on_nonfinite=skip cannot undo an applied update); {saved}. "
+                "Lower optim.lr")
 
     def save(force: bool) -> bool:
         check_finite()

@@ -7,8 +7,12 @@
     train_step, eval_step          train/core/step.py, jitted with those shardings (the train
                                    state is donated); a step whose loss or gradient norm is
                                    not finite keeps params and opt_state as they were (only
-                                   "step" advances) and reports metrics["nonfinite"] = 1;
-                                   train.grad_accum micro-batches per step (train/core/step.py)
+                                   "step" advances) and reports metrics["nonfinite"] = 1
+                                   (guard_nonfinite); train.grad_accum micro-batches per step
+                                   (train/core/step.py)
+    state_finite                   state -> {"params", "opt_state"}: bool [] each (all_finite,
+                                   jitted): the exact check that train/core/fit.py runs at
+                                   each log point and before every checkpoint save
     checked mode                   train.check_ranges: the train step runs under checkify
                                    with the ops' range checks traced in (kernels_pallas.ranges
                                    checked_ranges); a violated range raises RangeCheckError
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -61,29 +66,55 @@ class Session:
     train_step: Callable[[State, dict], tuple[State, dict]]
     eval_step: Callable[[dict, dict], dict]
     init_state: Callable[[], State]
+    state_finite: Callable[[State], dict[str, jax.Array]]  # {"params", "opt_state"}: bool []
 
 
 def guard_nonfinite(train_step: Callable[[State, dict], tuple[State, dict]]):
-    """train_step whose update is dropped when the loss, the gradient norm or any updated
-    parameter is not finite (an update can overflow the parameters while this step's loss and
-    gradients are still finite): new params/opt_state = where(finite, updated, previous);
-    metrics gain "nonfinite" (0./1.) and "nonfinite_params" (0./1.). Nothing non-finite ever
-    reaches the state, so nothing non-finite can be checkpointed."""
+    """train_step whose update is dropped when its loss or gradient norm is not finite:
+    ok = isfinite(loss) & isfinite(grad_norm); new params/opt_state = where(ok, updated,
+    previous), leaf by leaf; metrics gain "nonfinite" = not ok (0./1.).
+
+    ok is two scalars known before the optimizer update, so XLA fuses each leaf's select into
+    the elementwise kernel that computes that leaf's update: no extra pass over the parameters
+    and optimizer state (a predicate that read the updated parameters could not fuse). The
+    wrapper and the step trace into one jitted program: what the predicate depends on decides
+    the fusion, not where the select is written.
+
+    The updated parameters are not checked here, and need not be per step: a finite gradient
+    norm means every g^2 is finite, and from finite gradients the project's optimizers
+    (train/core/optimizer.py: global-norm clipping, then AdamW / Muon / SGD per group under
+    multi_transform, the alpha group's learning rate a scaled schedule) make finite updates:
+    moments are convex combinations of finite values, Adam divides by sqrt(v) + eps and Muon
+    by a norm + eps with eps > 0, the learning rates and weight decay are finite. Parameters
+    (and moments) can then only become non-finite by overflowing, which needs values near the
+    float32 maximum (3.4e38). That is still possible in principle, so nothing non-finite is
+    ever checkpointed: train/core/fit.py checks the parameters and optimizer state exactly
+    (all_finite) at each log point and before every save, and stops the run when they are
+    not finite."""
 
     def guarded(state, batch):
         new_state, metrics = train_step(state, batch)
-        params_finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(x))
-                                           for x in jax.tree.leaves(new_state["params"])]))
-        finite = (jnp.isfinite(metrics["loss"]) & jnp.isfinite(metrics["grad_norm"])
-                  & params_finite)
-        kept = jax.tree.map(lambda new, old: jnp.where(finite, new, old),
+        ok = jnp.isfinite(metrics["loss"]) & jnp.isfinite(metrics["grad_norm"])
+        kept = jax.tree.map(lambda new, old: jnp.where(ok, new, old),
                             {k: new_state[k] for k in ("params", "opt_state")},
                             {k: state[k] for k in ("params", "opt_state")})
         return ({**new_state, **kept},
-                {**metrics, "nonfinite": jnp.logical_not(finite).astype(jnp.float32),
-                 "nonfinite_params": jnp.logical_not(params_finite).astype(jnp.float32)})
+                {**metrics, "nonfinite": jnp.logical_not(ok).astype(jnp.float32)})
 
     return guarded
+
+
+def all_finite(tree: Any) -> jax.Array:
+    """bool []: every element of every floating leaf of `tree` is finite (exact: no sampling;
+    integer leaves are always finite)."""
+    checks = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)
+              if jnp.issubdtype(jnp.result_type(x), jnp.inexact)]
+    return jnp.all(jnp.stack(checks)) if checks else jnp.bool_(True)
+
+
+def finite_parts(state: State) -> dict[str, jax.Array]:
+    """{"params", "opt_state"}: bool [] each, all_finite of that part of the train state."""
+    return {k: all_finite(state[k]) for k in ("params", "opt_state")}
 
 
 class RangeCheckError(ValueError):
@@ -170,7 +201,9 @@ def build_session(config: Config, vocab_size: int, mesh: Mesh | None = None) -> 
     return Session(config=config, mesh=mesh, model=model, optimizer=optimizer, schedule=schedule,
                    state_shardings=shardings, abstract_state=abstract_state,
                    batch_sharding=data_sharding, train_step=train_step, eval_step=eval_step,
-                   init_state=lambda: jitted_init(config.train.seed))
+                   init_state=lambda: jitted_init(config.train.seed),
+                   state_finite=jax.jit(finite_parts, in_shardings=(shardings,),
+                                        out_shardings=replicated(mesh)))
 
 
 def to_global(session: Session, local_batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
