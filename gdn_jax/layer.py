@@ -34,7 +34,6 @@ Decoding cache (`init_cache`): conv states {q,k,v}_conv [B, conv_size - 1, chann
 inputs to each convolution) and the recurrent state [B, HV, K, V] float32.
 """
 
-import functools
 from typing import Any
 
 import flax.linen as nn
@@ -43,53 +42,13 @@ import jax.numpy as jnp
 
 from gdn_jax.ops import api
 from gdn_jax.ops.api import gated_delta_rule, recurrent_gated_delta_rule
+from gdn_jax.ops.short_conv import l2_normalize, recomputed, short_conv
 from kernels_pallas import context_shard, shard
 
-L2_NORM_EPS = 1e-6
 A_INIT_RANGE = (0.0, 16.0)
 A_INIT_FLOOR = 1e-4
 DT_INIT_RANGE = (1e-3, 0.1)
 DT_INIT_FLOOR = 1e-4
-
-
-def recomputed(fn=None, *, static_argnums=()):
-    """fn under jax.checkpoint with nothing saved: its backward recomputes the float32
-    intermediates from the inputs (16-bit activations), so the layer's elementwise parts keep
-    only their inputs for the backward pass."""
-    if fn is None:
-        return functools.partial(recomputed, static_argnums=static_argnums)
-    return jax.checkpoint(fn, policy=jax.checkpoint_policies.nothing_saveable,
-                          static_argnums=static_argnums)
-
-
-@recomputed
-def l2_normalize(x: jax.Array) -> jax.Array:
-    """x / sqrt(sum(x^2, -1) + 1e-6), computed in float32, returned in x's dtype."""
-    x32 = x.astype(jnp.float32)
-    return (x32 * jax.lax.rsqrt(jnp.sum(x32 * x32, axis=-1, keepdims=True) + L2_NORM_EPS)).astype(x.dtype)
-
-
-@recomputed(static_argnums=(3, 4))
-def causal_depthwise_conv(x: jax.Array, kernel: jax.Array, segment_ids: jax.Array | None,
-                          dtype: Any, normalize_heads: int | None = None) -> jax.Array:
-    """silu(sum_j kernel[j] x_{t - (W-1) + j}) in float32, returned in `dtype`; x [B, T, C],
-    kernel [W, C]; taps before t = 0 or into a previous document (segment_ids) read zero.
-    normalize_heads: the output split into that many heads [B, T, heads, C / heads] and
-    L2-normalised per head, inside the same recomputed function (only x is kept)."""
-    kernel_size, length = kernel.shape[0], x.shape[1]
-    kernel = kernel.astype(jnp.float32)
-    x32 = x.astype(jnp.float32)
-    total = x32 * kernel[kernel_size - 1]
-    for shift in range(1, min(kernel_size, length)):
-        shifted = jnp.pad(x32, ((0, 0), (shift, 0), (0, 0)))[:, :length]
-        if segment_ids is not None:
-            earlier_ids = jnp.pad(segment_ids, ((0, 0), (shift, 0)))[:, :length]
-            shifted = jnp.where((earlier_ids == segment_ids)[..., None], shifted, 0.0)
-        total = total + shifted * kernel[kernel_size - 1 - shift]
-    out = nn.silu(total).astype(dtype)
-    if normalize_heads is None:
-        return out
-    return l2_normalize(out.reshape(*out.shape[:-1], normalize_heads, -1))
 
 
 @recomputed(static_argnums=(3, 4))
@@ -131,9 +90,12 @@ class CausalDepthwiseConv(nn.Module):
             (self.kernel_size, self.channels), self.param_dtype)
 
     def __call__(self, x: jax.Array, segment_ids: jax.Array | None = None,
-                 normalize_heads: int | None = None) -> jax.Array:
-        """[B, T, C]; with normalize_heads, L2-normalised heads [B, T, heads, C / heads]."""
-        return causal_depthwise_conv(x, self.kernel, segment_ids, self.dtype, normalize_heads)
+                 normalize_heads: int | None = None,
+                 implementation: str | None = None) -> jax.Array:
+        """[B, T, C]; with normalize_heads, L2-normalised heads [B, T, heads, C / heads].
+        implementation: of `gdn_jax.ops.short_conv` (None: its default)."""
+        return short_conv(x, self.kernel, segment_ids, dtype=self.dtype,
+                          normalize_heads=normalize_heads, implementation=implementation)
 
     def step(self, x_t: jax.Array, conv_state: jax.Array) -> tuple[jax.Array, jax.Array]:
         """x_t [B, C], conv_state [B, W-1, C] (previous inputs, oldest first) -> (y_t, state)."""
@@ -274,6 +236,14 @@ class GatedDeltaNet(nn.Module):
         gated = self.o_norm(o, z)
         return self.o_proj(gated.reshape(*gated.shape[:-2], -1), model_dim)
 
+    def _conv_implementation(self) -> str | None:
+        """The short convolutions' implementation (`gdn_jax.ops.short_conv`): its default (the
+        kernel backward where it runs) when the delta rule may use its kernels, else "xla";
+        "xla" also when time is split over devices (the kernel sees whole sequences)."""
+        if self.implementation not in (None, "pallas") or context_shard.context_size() > 1:
+            return "xla"
+        return None
+
     # -- parallel forward ----------------------------------------------------------------------
     def __call__(self, x: jax.Array, *, segment_ids: jax.Array | None = None,
                  positions: jax.Array | None = None) -> jax.Array:
@@ -283,9 +253,13 @@ class GatedDeltaNet(nn.Module):
         """
         self._check_inputs(x, segment_ids, positions)
         x = x.astype(self.dtype)
-        q = self.q_conv(self.q_proj(x), segment_ids, normalize_heads=self.num_heads)
-        k = self.k_conv(self.k_proj(x), segment_ids, normalize_heads=self.num_heads)
-        v = self._split_heads(self.v_conv(self.v_proj(x), segment_ids), self.value_heads, self.value_head_dim)
+        conv = self._conv_implementation()
+        q = self.q_conv(self.q_proj(x), segment_ids, normalize_heads=self.num_heads,
+                        implementation=conv)
+        k = self.k_conv(self.k_proj(x), segment_ids, normalize_heads=self.num_heads,
+                        implementation=conv)
+        v = self._split_heads(self.v_conv(self.v_proj(x), segment_ids, implementation=conv),
+                              self.value_heads, self.value_head_dim)
         z = self._split_heads(self.z_proj(x), self.value_heads, self.value_head_dim)
         g, beta = self._gates(x)
         if context_shard.context_size() > 1:

@@ -19,8 +19,9 @@ import jax.numpy as jnp
 
 from fpa_jax.decode import layers as attention_decoding
 from fpa_jax.decode import slots
-from gdn_jax.layer import GatedDeltaNet, l2_normalize
+from gdn_jax.layer import GatedDeltaNet
 from gdn_jax.ops.api import gated_delta_rule
+from gdn_jax.ops.short_conv import l2_normalize
 
 
 def _history(inputs: jax.Array, size: int) -> jax.Array:

@@ -1,0 +1,45 @@
+"""Registers the "pallas" entry of `gdn_jax.ops.short_conv.REGISTRY` (op "short_conv").
+
+Runs on a Hopper GPU (or the CPU in GPU interpret mode, for tests) with 16-bit activations
+(float32 only when interpreting), at most PAD + 1 taps, and heads of 64 or 128 channels
+(normalize_heads) or a multiple of 64 channels; otherwise `supports` says why not and the
+default (implementation=None) falls back to "xla".
+"""
+
+import jax.numpy as jnp
+
+from gdn_jax.ops import short_conv
+from kernels_pallas.interpret import interpret_active
+from kernels_pallas.registry import is_hopper
+from kernels_pallas.short_conv.backward_kernel import PAD
+from kernels_pallas.short_conv.vjp import GROUP, head_width, short_conv_pallas
+
+_SIXTEEN_BIT = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+
+
+def supports(**facts):
+    """None if the kernel runs on these inputs, else the reason."""
+    interpreting = interpret_active()
+    if not (is_hopper(facts) or interpreting):
+        return (f"needs a Hopper GPU (compute capability 9.0), got platform "
+                f"{facts.get('platform')} (compute capability {facts.get('compute_capability')})")
+    dtype = jnp.dtype(facts.get("dtype", jnp.float32))
+    if dtype not in _SIXTEEN_BIT and not interpreting:
+        return f"needs bf16 or fp16 activations, got {dtype}"
+    if facts.get("kernel_size", 0) > PAD + 1:
+        return f"needs at most {PAD + 1} taps, got {facts.get('kernel_size')}"
+    channels, heads = facts.get("channels", 0), facts.get("normalize_heads")
+    width = head_width(channels, heads)
+    if heads is not None and width not in (64, 128):
+        return f"needs normalised heads of 64 or 128 channels, got {width}"
+    if heads is None and channels % GROUP:
+        return f"needs a multiple of {GROUP} channels, got {channels}"
+    return None
+
+
+def short_conv_entry(x, kernel, segment_ids, *, dtype, normalize_heads):
+    return short_conv_pallas(x, kernel, segment_ids, dtype, normalize_heads)
+
+
+if "pallas" not in short_conv.REGISTRY.names():
+    short_conv.REGISTRY.register("pallas", short_conv_entry, supports=supports)

@@ -1,0 +1,65 @@
+"""The "pallas" entry of `gdn_jax.ops.short_conv`: the XLA forward, saving only its inputs,
+and a backward of one Mosaic GPU pass (`backward_kernel.conv_backward`: d total and the taps'
+gradient per block of rows) plus one XLA pass for the input's gradient,
+
+    dx_u = sum_{s < W} kernel[W-1-s] m_s(u + s) dtotal_{u+s}      m_s(t) = [doc(t-s) == doc(t)]
+
+Heads of the kernel: the L2-normalised heads (normalize_heads) or groups of GROUP channels.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from gdn_jax.ops.short_conv import L2_NORM_EPS, conv_forward
+from kernels_pallas import shard
+from kernels_pallas.padding import pad_time
+from kernels_pallas.short_conv.backward_kernel import BLOCK, PAD, conv_backward
+
+GROUP = 64        # channels per program without normalize_heads
+
+
+def head_width(channels: int, normalize_heads: int | None) -> int:
+    return GROUP if normalize_heads is None else channels // normalize_heads
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def short_conv_pallas(x, kernel, segment_ids, dtype, normalize_heads):
+    """`conv_forward` with the kernel backward (module docstring)."""
+    return conv_forward(x, kernel, segment_ids, dtype, normalize_heads)
+
+
+def _forward(x, kernel, segment_ids, dtype, normalize_heads):
+    return conv_forward(x, kernel, segment_ids, dtype, normalize_heads), (x, kernel, segment_ids)
+
+
+def _backward(dtype, normalize_heads, residuals, dy):
+    x, kernel, segment_ids = residuals
+    batch, length, channels = x.shape
+    width = kernel.shape[0]
+    dim = head_width(channels, normalize_heads)
+    heads = channels // dim
+    rows = -(-length // BLOCK) * BLOCK
+    ids = (jnp.zeros((batch, length), jnp.float32) if segment_ids is None
+           else segment_ids.astype(jnp.float32))
+    xp = jnp.pad(x, ((0, 0), (PAD, rows - length), (0, 0))).reshape(batch, PAD + rows, heads, dim)
+    idsp = jnp.pad(ids, ((0, 0), (PAD, rows - length)), constant_values=-1.0)
+    dyp = pad_time(dy.reshape(batch, length, heads, dim).astype(x.dtype), rows)
+    taps = kernel.astype(jnp.float32).reshape(width, heads, dim)
+    dtotal, dw_part = shard.shard_batch_and_heads(
+        functools.partial(conv_backward, normalize=normalize_heads is not None, eps=L2_NORM_EPS),
+        xp, dyp, idsp, taps, layouts=("BTHD", "BTHD", "BT", "WHD"), out_layouts=("BTHD", "BNHWD"))
+    dtotal = dtotal[:, :length].reshape(batch, length, channels)
+    later = jnp.pad(dtotal, ((0, 0), (0, width - 1), (0, 0)))
+    later_ids = jnp.pad(ids, ((0, 0), (0, width - 1)), constant_values=-1.0)
+    taps32 = kernel.astype(jnp.float32)
+    dx = dtotal * taps32[width - 1]
+    for s in range(1, min(width, length)):
+        same = (later_ids[:, s:s + length] == ids)[..., None]
+        dx = dx + jnp.where(same, later[:, s:s + length], 0.0) * taps32[width - 1 - s]
+    d_kernel = dw_part.sum((0, 1)).transpose(1, 0, 2).reshape(width, channels)
+    return dx.astype(x.dtype), d_kernel.astype(kernel.dtype), None
+
+
+short_conv_pallas.defvjp(_forward, _backward)
