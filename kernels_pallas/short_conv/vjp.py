@@ -5,6 +5,8 @@ gradient per block of rows) plus one XLA pass for the input's gradient,
     dx_u = sum_{s < W} kernel[W-1-s] m_s(u + s) dtotal_{u+s}      m_s(t) = [doc(t-s) == doc(t)]
 
 Heads of the kernel: the L2-normalised heads (normalize_heads) or groups of GROUP channels.
+The kernel runs behind one `jax.jit` per configuration (`_kernel_program`), so the layers'
+convolutions of equal shapes share one lowered kernel per compiled step.
 """
 
 import functools
@@ -22,6 +24,13 @@ GROUP = 64        # channels per program without normalize_heads
 
 def head_width(channels: int, normalize_heads: int | None) -> int:
     return GROUP if normalize_heads is None else channels // normalize_heads
+
+
+@functools.cache
+def _kernel_program(normalize: bool):
+    """`conv_backward` behind one jax.jit (GPU interpret mode is a JAX config state, so jit
+    keeps its interpreted and compiled traces apart)."""
+    return jax.jit(functools.partial(conv_backward, normalize=normalize, eps=L2_NORM_EPS))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
@@ -48,7 +57,7 @@ def _backward(dtype, normalize_heads, residuals, dy):
     dyp = pad_time(dy.reshape(batch, length, heads, dim).astype(x.dtype), rows)
     taps = kernel.astype(jnp.float32).reshape(width, heads, dim)
     dtotal, dw_part = shard.shard_batch_and_heads(
-        functools.partial(conv_backward, normalize=normalize_heads is not None, eps=L2_NORM_EPS),
+        _kernel_program(normalize_heads is not None),
         xp, dyp, idsp, taps, layouts=("BTHD", "BTHD", "BT", "WHD"), out_layouts=("BTHD", "BNHWD"))
     dtotal = dtotal[:, :length].reshape(batch, length, channels)
     later = jnp.pad(dtotal, ((0, 0), (0, width - 1), (0, 0)))
