@@ -1,6 +1,7 @@
 """Gated DeltaNet in JAX: the delta-rule ops, the Flax layer, SpectralShift and spectral diagnostics.
 
-REGISTRIES maps op name ("gated_delta_rule") -> its dispatch Registry (gdn_jax.ops.api.REGISTRY).
+REGISTRIES maps op name ("gated_delta_rule", "short_conv") -> its dispatch Registry
+(gdn_jax.ops.api.REGISTRY, gdn_jax.ops.short_conv.REGISTRY).
 """
 
 from gdn_jax.diagnostics import (
@@ -15,9 +16,11 @@ from gdn_jax.diagnostics import (
 from gdn_jax.layer import GatedDeltaNet
 from gdn_jax.ops import api as _ops_api
 from gdn_jax.ops.api import gated_delta_rule, recurrent_gated_delta_rule
+from gdn_jax.ops import short_conv as _short_conv
 from gdn_jax.spectral_shift import optimizer_labels, spectral_shift, spectralshift_scale
 
-REGISTRIES = {_ops_api.REGISTRY.op_name: _ops_api.REGISTRY}  # op name -> dispatch Registry
+REGISTRIES = {registry.op_name: registry                       # op name -> dispatch Registry
+              for registry in (_ops_api.REGISTRY, _short_conv.REGISTRY)}
 
 __all__ = [
     "GatedDeltaNet",

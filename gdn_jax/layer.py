@@ -16,10 +16,12 @@ The op's value ranges hold by construction, for any parameters: g <= 0 (exp(.) s
 >= 0), beta = sigmoid(.) in [0, 1], |k_t| < 1 (L2norm), so its range checks (gdn_jax.ops.api;
 under jit in checked mode, kernels_pallas.ranges) never fire for this layer.
 The causal convolution is depthwise with `conv_size` taps; taps reaching before the start of
-the current document (segment_ids) or before t = 0 read zeros. The convolutions, the L2 and
-gated RMS norms compute in float32 and are recomputed in the backward pass (`recomputed`):
-only their 16-bit inputs are kept for it (float32 intermediates kept for the backward were
-about 1 GiB per layer at B = 8, T = 2048, width 768).
+the current document (segment_ids) or before t = 0 read zeros (`gdn_jax.ops.short_conv`; its
+"pallas" entry forms the backward in one Mosaic GPU pass, chosen where the delta rule may run
+its kernels and time is not split over devices). The convolutions, the L2 and gated RMS norms
+compute in float32 and keep only their 16-bit inputs for the backward pass, which recomputes
+the rest (float32 intermediates kept for the backward were about 1 GiB per layer at B = 8,
+T = 2048, width 768).
 
 Initialisation: projections lecun-normal; conv taps U(-1/sqrt(conv_size), 1/sqrt(conv_size))
 (PyTorch Conv1d default); A_log = log(A), A ~ U(0, 16) clamped below at 1e-4 so log never sees 0;

@@ -169,7 +169,9 @@ def test_unknown_implementation_raises_naming_it():
 
 
 def test_registry_default_order_and_cpu_default():
-    assert gdn_jax.REGISTRIES == {"gated_delta_rule": api.REGISTRY}
+    from gdn_jax.ops import short_conv
+    assert gdn_jax.REGISTRIES == {"gated_delta_rule": api.REGISTRY,
+                                  "short_conv": short_conv.REGISTRY}
     assert api.REGISTRY.default_order == ("pallas", "xla")
     assert {"reference", "xla"} <= set(api.REGISTRY.names())
     assert api.REGISTRY.select(None, platform="cpu", compute_capability=None)[0] == "xla"
