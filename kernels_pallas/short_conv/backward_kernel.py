@@ -7,8 +7,8 @@ Forward (XLA, `gdn_jax.ops.short_conv`), per channel c of a head of D channels:
     y_t     = a_t / sqrt(sum_c a_t^2 + eps)            (normalize; else y_t = a_t)
 
 Given the cotangent dy, one program per (head, block of n rows, batch) copies its rows of x
-and of the ids with the PAD rows before them (one aligned copy each), recomputes total and a
-on its rows (tap s reads the view shifted by s rows) and returns
+shifted by s for each tap s, and its rows of the ids with the PAD rows before them (read as
+shifted views), recomputes total and a on its rows and returns
 
     dtotal_t = silu'(total_t) * r_t (dy_t - y_t <y_t, dy_t>)    r_t = 1 / sqrt(sum_c a_t^2 + eps)
                (without normalize: silu'(total_t) dy_t)                  [B, Tr, H, D] float32
@@ -46,11 +46,13 @@ def conv_backward(xp, dy, idsp, taps, *, normalize: bool, eps: float):
     def kernel(x_ref, dy_ref, ids_ref, taps_ref, dtotal_ref, dw_ref,
                x_s, dy_s, ids_s, taps_s, dtotal_s, dw_s, loaded):
         h, i, b = lax.axis_index("h"), lax.axis_index("t"), lax.axis_index("b")
-        # rows i n - PAD .. i n + n - 1 of x and the ids (aligned copies); tap s reads the
-        # view starting at PAD - s
-        window = pl.ds(i * n, PAD + n)
-        plgpu.copy_gmem_to_smem(x_ref.at[b, window, h], x_s, loaded.at[0])
-        plgpu.copy_gmem_to_smem(ids_ref.at[b, window], ids_s, loaded.at[0])
+        # tap s: x rows i n - s .. i n + n - 1 - s (one copy each: a register load of a
+        # buffer view starting off a multiple of 8 rows reads wrong rows on the H200); the ids
+        # of rows i n - PAD .. i n + n - 1 in one aligned copy, read as views
+        for s in range(width):
+            plgpu.copy_gmem_to_smem(x_ref.at[b, pl.ds(i * n + PAD - s, n), h], x_s.at[s],
+                                    loaded.at[0])
+        plgpu.copy_gmem_to_smem(ids_ref.at[b, pl.ds(i * n, PAD + n)], ids_s, loaded.at[0])
         plgpu.copy_gmem_to_smem(dy_ref.at[b, pl.ds(i * n, n), h], dy_s, loaded.at[0])
         plgpu.copy_gmem_to_smem(taps_ref.at[:, h], taps_s, loaded.at[0])
         plgpu.barrier_wait(loaded.at[0])
@@ -65,7 +67,7 @@ def conv_backward(xp, dy, idsp, taps, *, normalize: bool, eps: float):
         def shifted(s):
             """x_{t-s} m_s(t) [n, D] float32."""
             same = row_vector(ids_s.at[pl.ds(PAD - s, n)]) == own_doc
-            x = plgpu.load(x_s.at[pl.ds(PAD - s, n)], layout=plgpu.Layout.WGMMA, optimized=False)
+            x = plgpu.load(x_s.at[s], layout=plgpu.Layout.WGMMA)
             return jnp.where(same, x.astype(jnp.float32), 0.0)
 
         total = shifted(0) * tap(width - 1)
@@ -92,14 +94,14 @@ def conv_backward(xp, dy, idsp, taps, *, normalize: bool, eps: float):
     blocks = rows // n
     out_type = (jax.ShapeDtypeStruct((batch, rows, heads, dim), jnp.float32),
                 jax.ShapeDtypeStruct((batch, blocks, heads, width, dim), jnp.float32))
-    # x untiled: its taps read views at any row (a tiled buffer splits rows in groups of 8)
-    scratch = (plgpu.SMEM((PAD + n, dim), xp.dtype),
+    # x untiled: its copies start at any row (a tiled copy needs rows in multiples of 8)
+    scratch = (plgpu.SMEM((width, n, dim), xp.dtype),
                swizzled_smem((n, dim), dy.dtype),
                plgpu.SMEM((PAD + n,), jnp.float32),
                plgpu.SMEM((width, dim), jnp.float32),
                swizzled_smem((n, dim), jnp.float32),
                plgpu.SMEM((width, dim), jnp.float32),
-               plgpu.Barrier(num_arrivals=4, num_barriers=1))
+               plgpu.Barrier(num_arrivals=width + 3, num_barriers=1))
     kernel.__name__ = "short_conv_backward"  # the kernel's name in profiles
     return plgpu.kernel(kernel, out_type=out_type, scratch_types=scratch,
                         grid=(heads, blocks, batch), grid_names=("h", "t", "b"))(
