@@ -6,6 +6,8 @@ reported by the interpreter. Shapes are tiny (the interpreter is slow); float32 
 the bf16 precision test (the 5e-3 bar of docs/benchmarks.md).
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -19,9 +21,19 @@ from kernels_pallas.attention.backward import (FPABias, NoBias, SeparableBias,
 from tests.seeds import case_seed
 
 
+@functools.partial(jax.jit, static_argnums=(1, 2))
 def _qkv(seed, shape, dtype=jnp.float32):
     keys = jax.random.split(jax.random.PRNGKey(seed), 4)
     return tuple(jax.random.normal(key, shape, jnp.float32).astype(dtype) for key in keys)
+
+
+def _oracle(fn, args, dout):
+    """(out, aux) = fn(*args) and the vjp of out at dout, as one compiled program (op by op,
+    the dense oracle would compile each of its many small ops on its own)."""
+    def run(args, dout):
+        out, vjp, aux = jax.vjp(fn, *args, has_aux=True)
+        return out, aux, vjp(dout)
+    return jax.jit(run)(args, dout)
 
 
 def _segments(batch, length, seed):
@@ -70,10 +82,8 @@ def test_softmax_gradients(length, heads, segments, head_dim):
     segment_ids = _segments(1, length, seed) if segments else None
     scale = 0.125
     fn = lambda q, k, v: flash_xla.dense_attention(q, k, v, scale=scale,
-                                                   segment_ids=segment_ids)[0]
-    out, vjp = jax.vjp(fn, q, k, v)
-    _, lse = flash_xla.dense_attention(q, k, v, scale=scale, segment_ids=segment_ids)
-    want = vjp(dout)
+                                                   segment_ids=segment_ids)
+    out, lse, want = _oracle(fn, (q, k, v), dout)
     dq, dk, dv, extra = _run_kernel(q, k, v, out, jnp.moveaxis(lse, 1, 2), dout, NoBias(),
                                     scale, segment_ids)
     assert extra == ()
@@ -96,10 +106,8 @@ def test_separable_gradients(kind):
         row = col = jnp.broadcast_to(-jnp.arange(length, dtype=jnp.float32)[:, None] * slopes,
                                      (batch, length, heads))
     scale = 64 ** -0.5
-    fn = lambda q, k, v, r, c: _separable_dense(q, k, v, r, c, scale, segment_ids)[0]
-    out, vjp = jax.vjp(fn, q, k, v, row, col)
-    _, lse = _separable_dense(q, k, v, row, col, scale, segment_ids)
-    want = vjp(dout)
+    fn = lambda q, k, v, r, c: _separable_dense(q, k, v, r, c, scale, segment_ids)
+    out, lse, want = _oracle(fn, (q, k, v, row, col), dout)
     dq, dk, dv, (drow, dcol) = _run_kernel(q, k, v, out, jnp.moveaxis(lse, 1, 2), dout,
                                            SeparableBias(row, col), scale, segment_ids)
     for name, g, w in zip(("dq", "dk", "dv", "dcol"), (dq, dk, dv, dcol), want[:3] + want[4:]):
@@ -117,6 +125,7 @@ FPA_CASES = {
 }
 
 
+@functools.partial(jax.jit, static_argnums=(1, 2, 3, 4, 5))
 def _fpa_inputs(seed, batch, length, heads, drift, ties):
     keys = jax.random.split(jax.random.PRNGKey(seed), 4)
     steps = jax.random.normal(keys[0], (batch, length, heads))
@@ -139,14 +148,17 @@ def test_fpa_gradients(case):
     scale = dim ** -0.5
     options = dict(scale=scale, tau=tau, segment_ids=segment_ids, query_level=query_level,
                    content=content)
-    fn = lambda *a: fpa_attention_reference(*a, **options)
-    out, vjp = jax.vjp(fn, q, k, v, phi, psi, beta)
-    want = vjp(dout)
-    logits = fpa_bias(phi, psi, beta, tau=tau, segment_ids=segment_ids, query_level=query_level)
-    if content:
-        logits = logits + scale * jnp.einsum("bthd,bshd->bhts", q, k)
+
+    def fn(q, k, v, phi, psi, beta):
+        logits = fpa_bias(phi, psi, beta, tau=tau, segment_ids=segment_ids,
+                          query_level=query_level)
+        if content:
+            logits = logits + scale * jnp.einsum("bthd,bshd->bhts", q, k)
+        return fpa_attention_reference(q, k, v, phi, psi, beta, **options), _lse(logits)
+
+    out, lse, want = _oracle(fn, (q, k, v, phi, psi, beta), dout)
     bias = FPABias(phi, psi, beta, tau=tau, query_level=query_level, content=content)
-    dq, dk, dv, (dphi, dpsi, dbeta) = _run_kernel(q, k, v, out, _lse(logits), dout, bias,
+    dq, dk, dv, (dphi, dpsi, dbeta) = _run_kernel(q, k, v, out, lse, dout, bias,
                                                   scale, segment_ids)
     names = ("dq", "dk", "dv", "dphi", "dpsi", "dbeta")
     for name, g, w in zip(names, (dq, dk, dv, dphi, dpsi, dbeta), want):
@@ -184,7 +196,7 @@ def test_fox_half_precision_log_forget(dtype):
 
     got = grads(q, k, v, dout, _run_kernel)
     f32 = tuple(x.astype(jnp.float32) for x in (q, k, v, dout))
-    want = grads(*f32, dense)
+    want = jax.jit(lambda *a: grads(*a, dense))(*f32)   # the float32 oracle: one program
     for name, g, w in zip(("dq", "dk", "dv", "dlog_forget"), got, want):
         _close(g, w, 5e-3, name)
 
@@ -201,7 +213,8 @@ def test_pruning_skips_tiles_without_changing_gradients(monkeypatch):
     segment_ids = _segments(batch, length, seed)
     c = jnp.cumsum(jnp.full((batch, length, heads), -0.6), axis=1)
     scale = 64 ** -0.5
-    out, lse = _separable_dense(q, k, v, c, c, scale, segment_ids)
+    out, lse = jax.jit(lambda q, k, v, c: _separable_dense(q, k, v, c, c, scale,
+                                                           segment_ids))(q, k, v, c)
     lse = jnp.moveaxis(lse, 1, 2)
 
     def run(prune):
@@ -239,12 +252,15 @@ def _fpa_case(seed, length, phi, psi, dim=64):
     q, k, v, dout = _qkv(seed, (1, length, 1, dim))
     beta = jnp.array([0.7])
     scale = dim ** -0.5
-    fn = lambda *a: fpa_attention_reference(*a, scale=scale)
-    out, vjp = jax.vjp(fn, q, k, v, phi, psi, beta)
-    logits = fpa_bias(phi, psi, beta) + scale * jnp.einsum("bthd,bshd->bhts", q, k)
-    dq, dk, dv, (dphi, dpsi, dbeta) = _run_kernel(q, k, v, out, _lse(logits), dout,
+
+    def fn(q, k, v, phi, psi, beta):
+        logits = fpa_bias(phi, psi, beta) + scale * jnp.einsum("bthd,bshd->bhts", q, k)
+        return fpa_attention_reference(q, k, v, phi, psi, beta, scale=scale), _lse(logits)
+
+    out, lse, want = _oracle(fn, (q, k, v, phi, psi, beta), dout)
+    dq, dk, dv, (dphi, dpsi, dbeta) = _run_kernel(q, k, v, out, lse, dout,
                                                   FPABias(phi, psi, beta), scale, None)
-    return (dq, dk, dv, dphi, dpsi, dbeta), vjp(dout)
+    return (dq, dk, dv, dphi, dpsi, dbeta), want
 
 
 def _assert_fpa_close(got, want):

@@ -4,6 +4,8 @@ version (`wy.prepare_reference`), its CUDA lowering, the hand-written backward
 the backward kernel (`wy_backward_kernel.backward`) against both, its CUDA lowering and the
 op's gradients with it switched on (`chunked.INTRA_BACKWARD`)."""
 
+import functools
+
 import numpy as np
 import jax
 import jax.numpy as jnp
@@ -25,21 +27,36 @@ def _inputs(seed, batch, seq_len, heads, group, key_dim, value_dim, gate, resets
         x = rng.standard_normal(shape) + shared * rng.standard_normal(shape[-1])
         return x / np.linalg.norm(x, axis=-1, keepdims=True)
 
-    def pad(x):
-        return jnp.pad(jnp.asarray(x), [(0, 0), (0, padded - seq_len)] + [(0, 0)] * (x.ndim - 2))
+    def pad(x, dtype):   # on the host: float32, then rounded to dtype
+        x = np.pad(np.asarray(x, np.float32), [(0, 0), (0, padded - seq_len)]
+                   + [(0, 0)] * (x.ndim - 2))
+        return jnp.asarray(x).astype(dtype)
 
     hv = heads * group
-    q = pad(unit((batch, seq_len, heads, key_dim))).astype(dtype)
-    k = pad(unit((batch, seq_len, heads, key_dim), 3.0 if correlated else 0.0)).astype(dtype)
-    v = pad(rng.standard_normal((batch, seq_len, hv, value_dim))).astype(dtype)
-    g = pad(rng.uniform(*gate, (batch, seq_len, hv))).astype(jnp.float32)
-    beta = pad(rng.uniform(0.0, 1.0, (batch, seq_len, hv))).astype(jnp.float32)
+    q = pad(unit((batch, seq_len, heads, key_dim)), dtype)
+    k = pad(unit((batch, seq_len, heads, key_dim), 3.0 if correlated else 0.0), dtype)
+    v = pad(rng.standard_normal((batch, seq_len, hv, value_dim)), dtype)
+    g = pad(rng.uniform(*gate, (batch, seq_len, hv)), jnp.float32)
+    beta = pad(rng.uniform(0.0, 1.0, (batch, seq_len, hv)), jnp.float32)
     segment_ids = None
     if resets:
         segment_ids = jnp.asarray(np.searchsorted(np.asarray(resets), np.arange(seq_len),
                                                   side="right")[None].repeat(batch, 0), jnp.int32)
-    rows, _ = wy.chunk_rows(g, beta, segment_ids, num_chunks, 64)
+    rows, _ = _chunk_rows(g, beta, segment_ids, num_chunks, 64)
     return q, k, v, rows
+
+
+# the XLA functions compiled whole (op by op, each small op would compile on its own)
+_chunk_rows = jax.jit(wy.chunk_rows, static_argnums=(3, 4))
+_prepare_reference = jax.jit(functools.partial(wy.prepare_reference, scale=0.3))
+
+
+def _reference_vjp(q, k, v, rows, inverse, cotangents):
+    """Autodiff of `wy.prepare_reference`'s (W, U, Kw, P) with the inverse given, at the
+    cotangents (in float32)."""
+    _, pull = jax.vjp(lambda *xs: wy.prepare_reference(*xs, scale=0.3, inverse=inverse)[:4],
+                      q, k, v, rows)
+    return pull(tuple(c.astype(jnp.float32) for c in cotangents))
 
 
 def _rel(a, b):
@@ -62,10 +79,10 @@ def test_wy_kernel_matches_xla(name):
     q, k, v, rows = _inputs(case_seed(300 + sorted(CASES).index(name)), *shape, gate, resets,
                             correlated, dtype)
     with interpret.gpu_interpret():
-        got = jax.block_until_ready(wy_kernel.prepare(q, k, v, rows, scale=0.3,
-                                                      with_inverse=True))
+        got = jax.block_until_ready(jax.jit(functools.partial(
+            wy_kernel.prepare, scale=0.3, with_inverse=True))(q, k, v, rows))
         assert not interpret.races_found()
-    want = wy.prepare_reference(q, k, v, rows, scale=0.3)
+    want = _prepare_reference(q, k, v, rows)
     for label, a, b in zip(("W", "U", "Kw", "P", "T"), got, want):
         assert a.shape == b.shape, label
         assert np.isfinite(np.asarray(a, np.float32)).all(), label
@@ -122,13 +139,11 @@ def test_prepare_backward_matches_autodiff(name):
     *shape, gate, resets, correlated, dtype, tol = BACKWARD_CASES[name]
     seed = case_seed(320 + sorted(BACKWARD_CASES).index(name))
     q, k, v, rows = _inputs(seed, *shape, gate, resets, correlated, dtype)
-    outputs = wy.prepare_reference(q, k, v, rows, scale=0.3)
+    outputs = _prepare_reference(q, k, v, rows)
     inverse = outputs[4]
     cotangents = _cotangents(seed + 1, outputs, dtype)
 
-    _, pull = jax.vjp(lambda *xs: wy.prepare_reference(*xs, scale=0.3, inverse=inverse)[:4],
-                      q, k, v, rows)
-    want = pull(tuple(c.astype(jnp.float32) for c in cotangents))
+    want = jax.jit(_reference_vjp)(q, k, v, rows, inverse, cotangents)
     got = jax.jit(lambda *xs: wy.prepare_backward(*xs, scale=0.3))(q, k, v, rows, inverse,
                                                                    cotangents)
     _compare_gradients(got, want, tol)
@@ -157,21 +172,19 @@ def test_backward_kernel_matches_prepare_backward(name):
     seed = case_seed(340 + sorted(KERNEL_BACKWARD_CASES).index(name))
     q, k, v, rows = _inputs(seed, *shape, gate, resets, correlated, dtype)
     upcast = tuple(x.astype(jnp.float32) for x in (q, k, v))
-    outputs = wy.prepare_reference(*upcast, rows, scale=0.3)
+    outputs = _prepare_reference(*upcast, rows)
     cotangents = _cotangents(seed + 1, outputs, dtype)
     with interpret.gpu_interpret():
-        got = jax.block_until_ready(wy_backward_kernel.backward(q, k, v, rows, cotangents,
-                                                                scale=0.3))
+        got = jax.block_until_ready(jax.jit(functools.partial(
+            wy_backward_kernel.backward, scale=0.3))(q, k, v, rows, cotangents))
         assert not interpret.races_found()
 
-    _, pull = jax.vjp(lambda *xs: wy.prepare_reference(*xs, scale=0.3, inverse=outputs[4])[:4],
-                      *upcast, rows)
-    want = pull(tuple(c.astype(jnp.float32) for c in cotangents))
+    want = jax.jit(_reference_vjp)(*upcast, rows, outputs[4], cotangents)
     want = (*(w.astype(x.dtype) for w, x in zip(want[:3], (q, k, v))), want[3])
     _compare_gradients(got, want, tol)
     if dtype == jnp.float32:
-        _compare_gradients(got, wy.prepare_backward(q, k, v, rows, outputs[4], cotangents,
-                                                    scale=0.3), tol)
+        _compare_gradients(got, jax.jit(functools.partial(wy.prepare_backward, scale=0.3))(
+            q, k, v, rows, outputs[4], cotangents), tol)
 
 
 @pytest.mark.parametrize("dim", [128, 64])
