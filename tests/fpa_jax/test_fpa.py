@@ -1,5 +1,7 @@
 """FPA op: the blocked XLA path and its custom VJP against the dense oracle."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -11,6 +13,8 @@ from fpa_jax import fields, fpa_attention, fpa_bias
 SEED = run_seed()  # fresh every session; TEST_SEED reproduces it
 
 
+@functools.partial(jax.jit, static_argnames=("seed", "batch", "length", "heads", "dim", "step",
+                                             "tilt", "dtype"))
 def make_inputs(seed, batch=2, length=37, heads=3, dim=8, step=1.0, tilt=0.0, dtype=jnp.float32):
     keys = jax.random.split(jax.random.PRNGKey(seed), 7)
     q, k, v = (jax.random.normal(keys[i], (batch, length, heads, dim)).astype(dtype) for i in range(3))
@@ -86,17 +90,19 @@ def test_segments_match_reference_and_isolate_documents():
     args = make_inputs(SEED + 4, batch=2, length=150)
     segment_ids = jnp.array([[0] * 40 + [1] * 61 + [2] * 49, [7] * 9 + [8] * 141])
     check_against_reference(args, block_size=16, segment_ids=segment_ids)
-    out = fpa_attention(*args, segment_ids=segment_ids, block_size=16)
-    alone = fpa_attention(*(a[:1, 40:101] if a.ndim > 1 else a for a in args), block_size=16)
+    out = jax.jit(lambda *a: fpa_attention(*a, segment_ids=segment_ids, block_size=16))(*args)
+    alone = jax.jit(functools.partial(fpa_attention, block_size=16))(
+        *(a[:1, 40:101] if a.ndim > 1 else a for a in args))
     assert_close(out[:1, 40:101], alone, 1e-5, "second document alone")
 
 
 def test_bf16_inputs_use_float32_statistics():
     q, k, v, phi, psi, beta = make_inputs(SEED + 5, length=150)
     low = tuple(x.astype(jnp.bfloat16) for x in (q, k, v))
-    out = fpa_attention(*low, phi, psi, beta, block_size=32)
+    out = jax.jit(functools.partial(fpa_attention, block_size=32))(*low, phi, psi, beta)
     assert out.dtype == jnp.bfloat16
-    want = fpa_attention(*(x.astype(jnp.float32) for x in low), phi, psi, beta, implementation="reference")
+    want = jax.jit(functools.partial(fpa_attention, implementation="reference"))(
+        *(x.astype(jnp.float32) for x in low), phi, psi, beta)
     assert_close(out, want, 2e-2, "bf16 output vs float32 reference")
     check_against_reference((*low, phi, psi, beta), rtol=3e-2, block_size=32)
 
@@ -114,9 +120,16 @@ def test_fox_special_case_equals_fox_formula():
     np.testing.assert_array_equal(np.asarray(jnp.where(causal, bias, 0.0)),
                                   np.asarray(jnp.where(causal, fox, 0.0)))
     q, k, v = (jax.random.normal(keys[i + 1], (batch, length, heads, dim)) for i in range(3))
-    logits = jnp.einsum("bthd,bshd->bhts", q, k) * dim**-0.5 + jnp.where(causal, fox, -jnp.inf)
-    want = jnp.einsum("bhts,bshd->bthd", jax.nn.softmax(logits, -1), v)
-    got = fpa_attention(q, k, v, phi, psi, jnp.ones(heads), block_size=16)
+
+    @jax.jit
+    def fox_attention(q, k, v, fox):
+        logits = (jnp.einsum("bthd,bshd->bhts", q, k) * dim**-0.5
+                  + jnp.where(causal, fox, -jnp.inf))
+        return jnp.einsum("bhts,bshd->bthd", jax.nn.softmax(logits, -1), v)
+
+    want = fox_attention(q, k, v, fox)
+    got = jax.jit(functools.partial(fpa_attention, block_size=16))(q, k, v, phi, psi,
+                                                                    jnp.ones(heads))
     assert_close(got, want, 1e-5, "FPA with FoX settings vs FoX")
 
 
@@ -128,8 +141,9 @@ def test_small_tau_gradient_matches_finite_differences_of_hard_forward():
         order = np.random.default_rng(SEED + 7).permuted(
             np.broadcast_to(np.arange(40.0)[None, :, None], phi.shape), axis=1)
         phi = jnp.asarray(0.05 * order - 1.0)
-        loss = lambda phi, psi: loss_fn("xla", tau=1e-4, block_size=8)(q, k, v, phi, psi, beta)
-        grad_phi, grad_psi = jax.grad(loss, argnums=(0, 1))(phi, psi)
+        loss = jax.jit(lambda phi, psi: loss_fn("xla", tau=1e-4, block_size=8)(
+            q, k, v, phi, psi, beta))
+        grad_phi, grad_psi = jax.jit(jax.grad(loss, argnums=(0, 1)))(phi, psi)
         rng = np.random.default_rng(SEED)
         for _ in range(3):
             d_phi = jnp.asarray(rng.normal(size=phi.shape))
@@ -143,11 +157,11 @@ def test_small_tau_gradient_matches_finite_differences_of_hard_forward():
 
 def test_tau_changes_only_the_gradient():
     args = make_inputs(SEED + 8, length=50)
-    out_1 = fpa_attention(*args, tau=1.0)
-    out_2 = fpa_attention(*args, tau=0.3)
+    out_1 = jax.jit(functools.partial(fpa_attention, tau=1.0))(*args)
+    out_2 = jax.jit(functools.partial(fpa_attention, tau=0.3))(*args)
     np.testing.assert_array_equal(np.asarray(out_1), np.asarray(out_2))
-    g1 = jax.grad(loss_fn("xla", tau=1.0), argnums=3)(*args)
-    g2 = jax.grad(loss_fn("xla", tau=0.3), argnums=3)(*args)
+    g1 = jax.jit(jax.grad(loss_fn("xla", tau=1.0), argnums=3))(*args)
+    g2 = jax.jit(jax.grad(loss_fn("xla", tau=0.3), argnums=3))(*args)
     assert not np.allclose(np.asarray(g1), np.asarray(g2))
     check_against_reference(args, tau=0.3, block_size=16)
 
