@@ -59,11 +59,14 @@ def diagonal_shares_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, c
         scores = None
         if cfg.content:
             scores = _matmul(q_s, k_s.transpose((1, 0)), (n, n))
-        logits, extra = tile.logits_and_bias(scores, True, diag_rows, diag_cols)
+        pair_levels = tile.pair_levels()
+        suf = tile.level_pieces(pair_levels, diag_cols, "suf")
+        pre = tile.level_pieces(pair_levels, diag_rows, "pre")
+        logits, extra = tile.logits_and_bias(scores, True, range_min=jnp.minimum(suf, pre))
         p = tile.probs(logits, tile.mask(True))
         dp = _matmul(do_s, v_s.transpose((1, 0)), (n, n))
         coef, _ = tile.dead_coef(p * (dp - tile.row("delta")), extra["gap"]())
-        key_sums, query_sums = tile.diagonal_shares(coef, extra["range_min"], diag_rows,
+        key_sums, query_sums = tile.diagonal_shares(coef, pair_levels, suf, pre, diag_rows,
                                                     diag_cols)
         for index, total in enumerate(key_sums + query_sums):
             out_s.at[index][...] = beta_value * total

@@ -312,18 +312,24 @@ class _Tile:
             level = level + jnp.where(differ >= (1 << bit), 1, 0)
         return jnp.where(self.s_local < self.t_local, level, -1)
 
+    def level_pieces(self, pair_levels, vectors, name, first_row=0):
+        """[n, n]: each pair's row `first_row + level` of the packed level vectors `name`
+        (the suffix side's along keys, the prefix side's along queries); pairs outside the
+        levels take level 0's."""
+        picked = None
+        for level in range(self.cfg.diag_levels):
+            piece = vectors.full(name, self.shape, row=first_row + level)
+            picked = piece if picked is None else jnp.where(pair_levels == level, piece, picked)
+        return picked
+
     def fpa_range_min(self, diagonal, diag_rows, diag_cols, gap_min):
         """Range minimum R [n, n]: min(A_s, G, C_t) off the diagonal (gap_min = G, a scalar),
         per dyadic level min(suf_min[L, s], pre_min[L, t]) on it."""
         if not diagonal:
             return jnp.minimum(jnp.minimum(self.col("suf_min"), gap_min), self.row("pre_min"))
-        range_min = jnp.full(self.shape, BIG, jnp.float32)
         pair_levels = self.pair_levels()
-        for level in range(self.cfg.diag_levels):
-            suf = diag_cols.full("suf", self.shape, row=level)
-            pre = diag_rows.full("pre", self.shape, row=level)
-            range_min = jnp.where(pair_levels == level, jnp.minimum(suf, pre), range_min)
-        return range_min
+        return jnp.minimum(self.level_pieces(pair_levels, diag_cols, "suf"),
+                           self.level_pieces(pair_levels, diag_rows, "pre"))
 
     def level_gap(self, gap_min):
         """u = min(0, R - level) [n, n] of an off-diagonal FPA tile (< 0 where the key is
@@ -348,11 +354,12 @@ class _Tile:
         return jnp.minimum(over_keys(folded), over_queries(self.rows.vec("pre_min"))
                            - over_keys(level))
 
-    def logits_and_bias(self, scores, diagonal, diag_rows=None, diag_cols=None, gap_min=None):
+    def logits_and_bias(self, scores, diagonal, diag_rows=None, diag_cols=None, gap_min=None,
+                        range_min=None):
         """Logits [n, n] (before masking) and, for FPA, what the gradient pass needs: "gap",
         a function giving u = [dead] (R - level) (bias = beta u; off the diagonal it recomputes
-        u, which is cheaper than keeping the tile live over the matmuls) and, on the diagonal,
-        "range_min" R for the exact shares."""
+        u, which is cheaper than keeping the tile live over the matmuls). On the diagonal R is
+        `range_min` if given, else formed from the level minima."""
         cfg = self.cfg
         extra = {}
         if cfg.mode == "none":
@@ -360,12 +367,13 @@ class _Tile:
         elif cfg.mode == "separable":
             bias = self.row("row") - self.col("col")
         elif diagonal:
-            range_min = self.fpa_range_min(True, diag_rows, diag_cols, gap_min)
+            if range_min is None:
+                range_min = self.fpa_range_min(True, diag_rows, diag_cols, gap_min)
             level = self.row("psi") if cfg.query_level else self.col("psi")
             gap = range_min - level
             gap = jnp.where((gap < 0.0) & (self.s_local < self.t_local), gap, 0.0)
             bias = self.beta * gap
-            extra = dict(gap=lambda: gap, range_min=range_min)
+            extra = dict(gap=lambda: gap)
         else:
             bias = self.beta * self.level_gap(gap_min)
             extra = dict(gap=functools.partial(self.level_gap, gap_min))
@@ -411,24 +419,21 @@ class _Tile:
             return self.sum_over_keys(share * to_query), None
         return self.sum_over_queries(share * to_key), self.sum_over_queries(share * to_gap)
 
-    def diagonal_shares(self, coef, range_min, diag_rows, diag_cols):
+    def diagonal_shares(self, coef, pair_levels, suf, pre, diag_rows, diag_cols):
         """Per-level soft-min shares of a diagonal tile: ([key side per level], [query side per
-        level]). Each pair s < t lies in one dyadic level, whose two pieces (the key side's
-        suffix, the query side's prefix) are selected per pair: two exponentials and one
-        division per pair, then the shares are summed by level."""
-        tau, levels = self.cfg.tau, self.cfg.diag_levels
-        pair_levels = self.pair_levels()
-        suf = pre = suf_mass = pre_mass = None
-        for level in range(levels):
-            level_mask = pair_levels == level
-            pick = lambda chosen, x: x if chosen is None else jnp.where(level_mask, x, chosen)
-            suf = pick(suf, diag_cols.full("suf", self.shape, row=level))
-            suf_mass = pick(suf_mass, diag_cols.full("suf", self.shape, row=levels + level))
-            pre = pick(pre, diag_rows.full("pre", self.shape, row=level))
-            pre_mass = pick(pre_mass, diag_rows.full("pre", self.shape, row=levels + level))
-        to_key = _decay(suf - range_min, tau)
-        to_query = _decay(pre - range_min, tau)
-        base = coef * reciprocal(jnp.maximum(suf_mass * to_key + pre_mass * to_query, 1.0))
+        level]). Each pair s < t lies in one dyadic level L, whose two pieces are the key
+        side's suffix (minimum suf = suf_min[L, s]) and the query side's prefix (pre); with
+        R = min(suf, pre) one of the two weights exp(-(piece - R)/tau) is 1 and the other
+        y = exp(-|suf - pre|/tau): one exponential and one reciprocal per pair, the masses
+        selected per pair after the minima, then the shares summed by level."""
+        levels = self.cfg.diag_levels
+        key_first = suf <= pre
+        y = jnp.exp(jnp.abs(suf - pre) * (-1.0 / self.cfg.tau))
+        to_key = jnp.where(key_first, 1.0, y)
+        to_query = jnp.where(key_first, y, 1.0)
+        mass = (self.level_pieces(pair_levels, diag_cols, "suf", levels) * to_key
+                + self.level_pieces(pair_levels, diag_rows, "pre", levels) * to_query)
+        base = coef * reciprocal(jnp.maximum(mass, 1.0))
         key_share, query_share = base * to_key, base * to_query
         by_level = lambda x, reduce: [reduce(jnp.where(pair_levels == level, x, 0.0))
                                       for level in range(levels)]
