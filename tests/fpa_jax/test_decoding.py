@@ -2,6 +2,8 @@
 where the bias fell below the threshold with the freed slots reused, loud overflow, and every
 attention layer's prefill + one-token step against its own parallel forward."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -18,8 +20,15 @@ from tests.seeds import case_seed
 THRESHOLD = -10.0
 
 
-def make_inputs(seed, batch=2, length=40, heads=3, dim=8, tilt=0.0, beta_low=-1.0):
-    keys = jax.random.split(jax.random.PRNGKey(seed), 6)
+def make_inputs(seed, **shape):
+    return _make_inputs(jax.random.PRNGKey(seed), **shape)
+
+
+@functools.partial(jax.jit, static_argnames=("batch", "length", "heads", "dim", "tilt",
+                                             "beta_low"))
+def _make_inputs(key, batch=2, length=40, heads=3, dim=8, tilt=0.0, beta_low=-1.0):
+    """One compiled program (op by op, each small op would compile on its own)."""
+    keys = jax.random.split(key, 6)
     q, k, v = (jax.random.normal(keys[i], (batch, length, heads, dim)) for i in range(3))
     delta = jax.random.normal(keys[3], (batch, length, heads)) + tilt
     phi, psi = fields(delta, jax.random.normal(keys[4], delta.shape),
@@ -54,7 +63,7 @@ def test_eviction_removes_exactly_the_keys_below_the_threshold_and_reuses_their_
     assert not bool(cache.overflow), f"seed {seed}: {most_live} live keys overflowed"
     assert 0.0 < float(live_fraction(cache)) < 0.5
     # the final bias row of every key: alive iff it is still >= the threshold
-    bias = fpa_bias(phi, psi, beta)
+    bias = jax.jit(fpa_bias)(phi, psi, beta)
     final_bias = np.moveaxis(np.asarray(bias[:, :, -1, :]), 1, 2)      # [B, T, H]
     token, alive = np.asarray(cache.token), np.asarray(cache.alive)
     for b in range(q.shape[0]):
@@ -63,9 +72,14 @@ def test_eviction_removes_exactly_the_keys_below_the_threshold_and_reuses_their_
             assert set(token[b, :, h][alive[b, :, h]]) == expected, f"seed {seed}, {b}, {h}"
     assert token.max() == length - 1                   # late tokens sit in reused slots
     # every output equals dense attention without the keys whose bias was below the threshold
-    scores = 8 ** -0.5 * jnp.einsum("bthd,bshd->bhts", q, k) + bias
-    weights = jax.nn.softmax(jnp.where(bias >= THRESHOLD, scores, -jnp.inf), axis=-1)
-    dense = jnp.einsum("bhts,bshd->bthd", weights, v)
+
+    @jax.jit
+    def dense_attention(q, k, v, bias):
+        scores = 8 ** -0.5 * jnp.einsum("bthd,bshd->bhts", q, k) + bias
+        weights = jax.nn.softmax(jnp.where(bias >= THRESHOLD, scores, -jnp.inf), axis=-1)
+        return jnp.einsum("bhts,bshd->bthd", weights, v)
+
+    dense = dense_attention(q, k, v, bias)
     np.testing.assert_allclose(decoded, dense, atol=2e-5, rtol=1e-5, err_msg=f"seed {seed}")
 
 
@@ -83,7 +97,7 @@ def test_prefix_scalars_in_blocks_equal_the_dense_formulas():
             phi, psi)
         np.testing.assert_array_equal(level, psi, err_msg=message)
         np.testing.assert_allclose(running, dip_sums, atol=1e-4, rtol=1e-5, err_msg=message)
-        _, running = prefix_scalars(phi, psi, block=block)
+        _, running = jax.jit(lambda a, b: prefix_scalars(a, b, block=block))(phi, psi)
         last = np.isinf(range_mins)                        # the last key: no later token yet
         np.testing.assert_array_equal(np.where(last, 0.0, running),
                                       np.where(last, 0.0, range_mins), err_msg=message)

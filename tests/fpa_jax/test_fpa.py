@@ -13,10 +13,15 @@ from fpa_jax import fields, fpa_attention, fpa_bias
 SEED = run_seed()  # fresh every session; TEST_SEED reproduces it
 
 
-@functools.partial(jax.jit, static_argnames=("seed", "batch", "length", "heads", "dim", "step",
-                                             "tilt", "dtype"))
-def make_inputs(seed, batch=2, length=37, heads=3, dim=8, step=1.0, tilt=0.0, dtype=jnp.float32):
-    keys = jax.random.split(jax.random.PRNGKey(seed), 7)
+def make_inputs(seed, **shape):
+    return _make_inputs(jax.random.PRNGKey(seed), **shape)
+
+
+@functools.partial(jax.jit, static_argnames=("batch", "length", "heads", "dim", "step", "tilt",
+                                             "dtype"))
+def _make_inputs(key, batch=2, length=37, heads=3, dim=8, step=1.0, tilt=0.0, dtype=jnp.float32):
+    """One compiled program (op by op, each small op would compile on its own)."""
+    keys = jax.random.split(key, 7)
     q, k, v = (jax.random.normal(keys[i], (batch, length, heads, dim)).astype(dtype) for i in range(3))
     delta = step * jax.random.normal(keys[3], (batch, length, heads)) + tilt
     phi, psi = fields(delta, jax.random.normal(keys[4], delta.shape), jax.random.normal(keys[5], delta.shape))

@@ -4,11 +4,17 @@ spreading of per-level shares back over the positions."""
 
 import numpy as np
 import pytest
+import jax
 import jax.numpy as jnp
 
 from kernels_pallas.attention import fields
 from kernels_pallas.attention.common import BIG
 from tests.seeds import case_seed
+
+# the passes compiled whole (op by op, each of their small ops would compile on its own)
+level_stats = jax.jit(fields.level_stats, static_argnums=(1, 2))
+spread_suffix = jax.jit(fields.spread_suffix, static_argnums=(3, 4))
+spread_prefix = jax.jit(fields.spread_prefix, static_argnums=(3, 4))
 
 
 def _walk(rng, shape, drift):
@@ -45,7 +51,7 @@ def test_level_stats_match_their_definition(drift, tau):
     rng = np.random.default_rng(case_seed(int(1000 + drift * 10 + tau * 100)))
     block = 16
     phi = _walk(rng, (2, 3, 48), drift)
-    got = fields.level_stats(jnp.asarray(phi, jnp.float32), block, tau)
+    got = level_stats(jnp.asarray(phi, jnp.float32), block, tau)
     want = _direct_stats(phi, block, tau)
     for name, g, w in zip(("pre_min", "pre_mass", "suf_min", "suf_mass"), got, want):
         g = np.asarray(g, np.float64)
@@ -60,7 +66,7 @@ def test_spreads_match_their_definition(side):
     block, tau = 16, 0.7
     phi = _walk(rng, (2, 32), -3.0)
     pre_min, _, suf_min, _ = (np.asarray(x, np.float64) for x in
-                              fields.level_stats(jnp.asarray(phi, jnp.float32), block, tau))
+                              level_stats(jnp.asarray(phi, jnp.float32), block, tau))
     for level in range(fields.num_levels(block)):
         group = 1 << level
         share = rng.normal(size=phi.shape)
@@ -73,7 +79,7 @@ def test_spreads_match_their_definition(side):
             else:                  # t >= u in the group of u
                 for t in range(u, start + group):
                     want[:, u] += share[:, t] * np.exp(-(phi[:, u] - pre_min[:, level, t]) / tau)
-        spread = fields.spread_suffix if side == "suffix" else fields.spread_prefix
+        spread = spread_suffix if side == "suffix" else spread_prefix
         minima = suf_min if side == "suffix" else pre_min
         got = spread(jnp.asarray(share, jnp.float32), jnp.asarray(minima[:, level], jnp.float32),
                      jnp.asarray(phi, jnp.float32), group, tau)
