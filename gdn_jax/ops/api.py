@@ -21,7 +21,8 @@ them by construction: g = -exp(A_log) softplus(.) <= 0, beta = sigmoid(.), k L2-
 Implementations (`REGISTRY`, op name "gated_delta_rule"; default order ("pallas", "xla")):
   "reference"  the token-by-token scan (`gdn_jax.ops.naive`); never chosen by default
   "xla"        chunked WY form (`gdn_jax.ops.chunk`), O(T * chunk) memory; runs everywhere
-  "pallas"     registered by the Pallas kernel module when it is imported
+  "pallas"     the Mosaic GPU kernels (`kernels_pallas.gated_delta.register`: the entry and
+               its `supports`), imported here
 An entry is `fn(q, k, v, g, beta, *, scale, initial_state, segment_ids, chunk_size)
 -> (out [B, T, HV, V] (any float dtype; cast to v's here), final_state [B, HV, K, V] float32)`
 on validated arrays (scale a number, initial_state None or an array, chunk_size a positive
@@ -38,6 +39,7 @@ import numpy as np
 from kernels_pallas.ranges import check_range
 from gdn_jax.ops.chunk import chunked_forward
 from gdn_jax.ops.naive import recurrent_forward
+from kernels_pallas.gated_delta import register as pallas_backend
 from kernels_pallas.registry import Registry, platform_facts
 
 
@@ -133,6 +135,8 @@ def _xla(q, k, v, g, beta, *, scale, initial_state, segment_ids, chunk_size):
 REGISTRY = Registry("gated_delta_rule", default_order=("pallas", "xla"))
 REGISTRY.register("reference", _reference)
 REGISTRY.register("xla", _xla)
+REGISTRY.register("pallas", pallas_backend.gated_delta_rule_pallas,
+                  supports=pallas_backend.supports)
 
 
 def _facts(q, v, initial_state, segment_ids, chunk_size):

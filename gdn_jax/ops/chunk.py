@@ -38,10 +38,10 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
-from gdn_jax.ops.naive import compute_dtype, state_resets, zero_state
+from gdn_jax.ops.naive import zero_state
+from kernels_pallas.delta_rule_math import compute_dtype, state_resets, unit_lower_inverse
 
 _CHUNK_STATE = "gdn_chunk_entering_state"
-_FULL_FLOAT32 = jax.lax.Precision.HIGHEST
 
 
 def _to_chunks(x, num_chunks, chunk):
@@ -71,45 +71,6 @@ def _document_masks(segment_ids, batch, num_chunks, chunk):
     same_document = document[..., :, None] == document[..., None, :]
     sees_entering_state = document == entering_document[..., None]
     return same_document[:, :, None, None], sees_entering_state[:, :, None, None]
-
-
-def unit_lower_inverse(strictly_lower):
-    """(I + A)^{-1} for strictly lower-triangular A [..., C, C], by block forward substitution.
-
-    For a unit lower-triangular L = [[L11, 0], [L21, L22]] with the diagonal blocks already
-    inverted (X11, X22), forward substitution by blocks gives
-
-        L^{-1} = [[X11, 0], [-X22 L21 X11, X22]].
-
-    Applied bottom-up to the diagonal blocks of size 1, 2, 4, ..., C (C padded to a power of
-    two with identity rows), each level is two batched matmuls over all blocks of all chunks.
-    Only inverted diagonal blocks and entries of A are multiplied; no power of A is ever formed
-    (unlike the Neumann series / repeated squaring, which overflows once |A| > 1). Batched
-    matmuls rather than `triangular_solve`, which is a per-matrix LAPACK call on CPU. These
-    small products run at full float32 precision (no TF32 on GPUs): about (2/3) C^3 flops per
-    chunk against O(C^2 (K + V)) for the rest, and the solve is the step most sensitive to
-    rounding.
-    """
-    size = strictly_lower.shape[-1]
-    padded = 1 << (size - 1).bit_length()
-    batch = strictly_lower.shape[:-2]
-    a = jnp.pad(strictly_lower, [(0, 0)] * len(batch) + [(0, padded - size)] * 2)
-    inverse = jnp.ones(batch + (padded, 1, 1), a.dtype)     # inverses of the 1 x 1 blocks
-    block = 1
-    while block < padded:
-        pairs = padded // (2 * block)
-        diagonal_blocks = jnp.einsum(                         # [..., pairs, 2 block, 2 block]
-            "...pipj->...pij", a.reshape(batch + (pairs, 2 * block, pairs, 2 * block)))
-        lower_left = diagonal_blocks[..., block:, :block]
-        upper_inverse, lower_inverse = inverse[..., 0::2, :, :], inverse[..., 1::2, :, :]
-        off_diagonal = -jnp.matmul(
-            lower_inverse, jnp.matmul(lower_left, upper_inverse, precision=_FULL_FLOAT32),
-            precision=_FULL_FLOAT32)
-        inverse = jnp.concatenate(
-            [jnp.concatenate([upper_inverse, jnp.zeros_like(upper_inverse)], axis=-1),
-             jnp.concatenate([off_diagonal, lower_inverse], axis=-1)], axis=-2)
-        block *= 2
-    return inverse[..., 0, :size, :size]
 
 
 def _intra_chunk(q, k, v, g, beta, same_document, sees_entering_state):

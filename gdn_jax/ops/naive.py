@@ -19,24 +19,7 @@ tests and short sequences only; inputs are assumed validated (see `gdn_jax.ops.a
 import jax
 import jax.numpy as jnp
 
-
-def state_resets(segment_ids, shape):
-    """Boolean [B, T]: True where the state restarts from zero.
-
-    That is every document start except t = 0 (the first document continues `initial_state`):
-    token t > 0 whose id differs from token t-1's. (`fpa_jax`'s `document_starts` also marks
-    t = 0.)
-    """
-    if segment_ids is None:
-        return jnp.zeros(shape, dtype=bool)
-    changed = segment_ids[:, 1:] != segment_ids[:, :-1]
-    return jnp.concatenate([jnp.zeros((shape[0], 1), dtype=bool), changed], axis=1)
-
-
-def compute_dtype(*arrays):
-    """float32 for bf16/f16/f32 inputs; float64 only when an input is float64."""
-    present = [x for x in arrays if x is not None]
-    return jnp.promote_types(jnp.result_type(*present), jnp.float32)
+from kernels_pallas.delta_rule_math import compute_dtype, state_resets
 
 
 def zero_state(shape, dtype, *like):

@@ -13,20 +13,21 @@ Pallas kernel backward (same forward).
 Implementations (`REGISTRY`, op name "short_conv"; default order ("pallas", "xla")):
   "xla"     the forward under `jax.checkpoint` with nothing saved: the backward recomputes the
             float32 intermediates and XLA differentiates them; runs everywhere
-  "pallas"  registered by `kernels_pallas.short_conv.register`: the same forward, saving only
-            x; a Mosaic GPU kernel forms d total and the taps' gradient per block of rows in
-            one pass (`kernels_pallas/short_conv/backward_kernel.py`), XLA the input's
-            gradient from d total
+  "pallas"  the same forward under a custom VJP, saving only x; a Mosaic GPU kernel forms
+            d total and the taps' gradient per block of rows in one pass, XLA the input's
+            gradient from d total (`kernels_pallas/short_conv/`: the backward and `supports`)
 An entry is `fn(x, kernel, segment_ids, *, dtype, normalize_heads) -> y`; `supports(**facts)`
 reads `platform_facts()` plus dtype, channels, normalize_heads and kernel_size.
 """
 
+import functools
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from kernels_pallas.registry import Registry, platform_facts
+from kernels_pallas.short_conv import register as pallas_backend
 
 L2_NORM_EPS = 1e-6
 
@@ -81,8 +82,34 @@ def short_conv_xla(x, kernel, segment_ids, *, dtype, normalize_heads):
                                                             normalize_heads)
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _with_kernel_backward(x, kernel, segment_ids, dtype, normalize_heads):
+    return conv_forward(x, kernel, segment_ids, dtype, normalize_heads)
+
+
+def _save_inputs(x, kernel, segment_ids, dtype, normalize_heads):
+    return conv_forward(x, kernel, segment_ids, dtype, normalize_heads), (x, kernel, segment_ids)
+
+
+def _kernel_backward(dtype, normalize_heads, residuals, dy):
+    x, kernel, segment_ids = residuals
+    dx, d_kernel = pallas_backend.conv_backward_pass(x, kernel, segment_ids, dy,
+                                                     normalize_heads=normalize_heads,
+                                                     eps=L2_NORM_EPS)
+    return dx, d_kernel, None
+
+
+_with_kernel_backward.defvjp(_save_inputs, _kernel_backward)
+
+
+def short_conv_pallas(x, kernel, segment_ids, *, dtype, normalize_heads):
+    """The "pallas" entry: `conv_forward`, its backward from the kernel."""
+    return _with_kernel_backward(x, kernel, segment_ids, dtype, normalize_heads)
+
+
 REGISTRY = Registry("short_conv", default_order=("pallas", "xla"))
 REGISTRY.register("xla", short_conv_xla)
+REGISTRY.register("pallas", short_conv_pallas, supports=pallas_backend.supports)
 
 
 def short_conv(x: jax.Array, kernel: jax.Array, segment_ids: jax.Array | None = None, *,

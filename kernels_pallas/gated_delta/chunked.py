@@ -30,7 +30,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from gdn_jax.ops.naive import compute_dtype
+from kernels_pallas.delta_rule_math import compute_dtype
 from kernels_pallas.gated_delta import state_kernels, wy, wy_backward_kernel, wy_kernel
 from kernels_pallas.interpret import interpret_active
 from kernels_pallas.padding import pad_time
@@ -187,7 +187,6 @@ def chunked_forward_pallas(q, k, v, g, beta, *, scale, initial_state, segment_id
     """
     batch, seq_len, num_heads, key_dim = q.shape
     num_v_heads, value_dim = v.shape[2], v.shape[3]
-    group = num_v_heads // num_heads
     num_chunks = -(-seq_len // CHUNK)
     dtype = compute_dtype(q, k, v, g, beta, initial_state)
     op_dtype = operand_dtype(q, k)

@@ -1,4 +1,5 @@
-"""Registers the "pallas" entry of `gdn_jax.ops.api.REGISTRY` (op "gated_delta_rule").
+"""The "pallas" entry of `gdn_jax.ops.api.REGISTRY` (op "gated_delta_rule") and its
+`supports`; the op module builds its table from them.
 
 Runs on a Hopper GPU (or the CPU in GPU interpret mode, for tests) with bf16/fp16 q and k
 (float32 only when interpreting), K and V in {64, 128, 256} and chunk_size 64; otherwise
@@ -7,7 +8,6 @@ Runs on a Hopper GPU (or the CPU in GPU interpret mode, for tests) with bf16/fp1
 
 import jax.numpy as jnp
 
-from gdn_jax.ops import api
 from kernels_pallas.gated_delta import chunked, state_kernels
 from kernels_pallas.interpret import interpret_active
 from kernels_pallas.registry import is_hopper
@@ -45,6 +45,3 @@ def gated_delta_rule_pallas(q, k, v, g, beta, *, scale, initial_state, segment_i
     return chunked.chunked_forward_pallas(q, k, v, g, beta, scale=scale,
                                           initial_state=initial_state, segment_ids=segment_ids)
 
-
-if "pallas" not in api.REGISTRY.names():
-    api.REGISTRY.register("pallas", gated_delta_rule_pallas, supports=supports)

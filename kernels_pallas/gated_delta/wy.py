@@ -26,8 +26,7 @@ twice.
 import jax
 import jax.numpy as jnp
 
-from gdn_jax.ops.chunk import unit_lower_inverse
-from gdn_jax.ops.naive import state_resets
+from kernels_pallas.delta_rule_math import state_resets, unit_lower_inverse
 
 ROWS = ("gamma_i", "gamma_j", "beta_i", "beta_j", "beta_e", "kw_decay", "document_i", "document_j")
 

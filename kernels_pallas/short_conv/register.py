@@ -1,4 +1,5 @@
-"""Registers the "pallas" entry of `gdn_jax.ops.short_conv.REGISTRY` (op "short_conv").
+"""`supports` of the "pallas" entry of `gdn_jax.ops.short_conv.REGISTRY` (op "short_conv"),
+whose backward is `backward.conv_backward_pass`; the op module builds its table from them.
 
 Runs on a Hopper GPU (or the CPU in GPU interpret mode, for tests) with 16-bit activations
 (float32 only when interpreting), at most PAD + 1 taps, and heads of 64 or 128 channels
@@ -8,11 +9,10 @@ default (implementation=None) falls back to "xla".
 
 import jax.numpy as jnp
 
-from gdn_jax.ops import short_conv
 from kernels_pallas.interpret import interpret_active
 from kernels_pallas.registry import is_hopper
 from kernels_pallas.short_conv.backward_kernel import PAD
-from kernels_pallas.short_conv.vjp import GROUP, head_width, short_conv_pallas
+from kernels_pallas.short_conv.backward import GROUP, conv_backward_pass, head_width
 
 _SIXTEEN_BIT = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
@@ -37,9 +37,4 @@ def supports(**facts):
     return None
 
 
-def short_conv_entry(x, kernel, segment_ids, *, dtype, normalize_heads):
-    return short_conv_pallas(x, kernel, segment_ids, dtype, normalize_heads)
-
-
-if "pallas" not in short_conv.REGISTRY.names():
-    short_conv.REGISTRY.register("pallas", short_conv_entry, supports=supports)
+__all__ = ["conv_backward_pass", "supports"]

@@ -14,7 +14,7 @@ import pytest
 from kernels_pallas import interpret
 from kernels_pallas.attention.vjp import fpa_pallas
 from kernels_pallas.gated_delta.chunked import chunked_forward_pallas
-from kernels_pallas.short_conv.vjp import short_conv_pallas
+from gdn_jax.ops.short_conv import short_conv_pallas
 
 
 def _fpa_layer(x):
@@ -33,7 +33,7 @@ def _gdn_layer(x):
 def _conv_layer(x):
     channels = x.shape[2] * x.shape[3]
     y = short_conv_pallas(x.reshape(*x.shape[:2], channels), jnp.ones((4, channels)), None,
-                          x.dtype, x.shape[2])
+                          dtype=x.dtype, normalize_heads=x.shape[2])
     return y.reshape(x.shape)
 
 

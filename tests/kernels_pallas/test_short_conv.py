@@ -12,7 +12,7 @@ from gdn_jax.ops.short_conv import REGISTRY, short_conv
 from kernels_pallas import interpret
 from kernels_pallas.registry import UnsupportedImplementationError
 from kernels_pallas.short_conv.backward_kernel import PAD, conv_backward
-from kernels_pallas.short_conv.vjp import short_conv_pallas
+from gdn_jax.ops.short_conv import short_conv_pallas
 from tests.seeds import case_seed
 
 
@@ -103,8 +103,8 @@ def test_kernel_lowers_for_hopper(normalize_heads, channels):
 
     def grads(x, kernel):
         def loss(x, kernel):
-            return jnp.sum(short_conv_pallas(x, kernel, segment_ids, jnp.bfloat16,
-                                             normalize_heads).astype(jnp.float32))
+            return jnp.sum(short_conv_pallas(x, kernel, segment_ids, dtype=jnp.bfloat16,
+                                             normalize_heads=normalize_heads).astype(jnp.float32))
         return jax.grad(loss, argnums=(0, 1))(x, kernel)
 
     lowered = jax.jit(grads).trace(x, kernel).lower(lowering_platforms=("cuda",))

@@ -1,6 +1,6 @@
-"""The "pallas" entry of `gdn_jax.ops.short_conv`: the XLA forward, saving only its inputs,
-and a backward of one Mosaic GPU pass (`backward_kernel.conv_backward`: d total and the taps'
-gradient per block of rows) plus one XLA pass for the input's gradient,
+"""The backward of the "pallas" entry of `gdn_jax.ops.short_conv` (whose forward is XLA's,
+saving only its inputs): one Mosaic GPU pass (`backward_kernel.conv_backward`: d total and the
+taps' gradient per block of rows) plus one XLA pass for the input's gradient,
 
     dx_u = sum_{s < W} kernel[W-1-s] m_s(u + s) dtotal_{u+s}      m_s(t) = [doc(t-s) == doc(t)]
 
@@ -14,7 +14,6 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from gdn_jax.ops.short_conv import L2_NORM_EPS, conv_forward
 from kernels_pallas import shard
 from kernels_pallas.padding import pad_time
 from kernels_pallas.short_conv.backward_kernel import BLOCK, PAD, conv_backward
@@ -27,24 +26,16 @@ def head_width(channels: int, normalize_heads: int | None) -> int:
 
 
 @functools.cache
-def _kernel_program(normalize: bool):
+def _kernel_program(normalize: bool, eps: float):
     """`conv_backward` behind one jax.jit (GPU interpret mode is a JAX config state, so jit
     keeps its interpreted and compiled traces apart)."""
-    return jax.jit(functools.partial(conv_backward, normalize=normalize, eps=L2_NORM_EPS))
+    return jax.jit(functools.partial(conv_backward, normalize=normalize, eps=eps))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
-def short_conv_pallas(x, kernel, segment_ids, dtype, normalize_heads):
-    """`conv_forward` with the kernel backward (module docstring)."""
-    return conv_forward(x, kernel, segment_ids, dtype, normalize_heads)
-
-
-def _forward(x, kernel, segment_ids, dtype, normalize_heads):
-    return conv_forward(x, kernel, segment_ids, dtype, normalize_heads), (x, kernel, segment_ids)
-
-
-def _backward(dtype, normalize_heads, residuals, dy):
-    x, kernel, segment_ids = residuals
+def conv_backward_pass(x, kernel, segment_ids, dy, *, normalize_heads, eps):
+    """(dx [B, T, C] in x's dtype, d kernel [W, C] in kernel's dtype) from the cotangent dy
+    of the output ([B, T, C], or [B, T, H, C / H] with normalize_heads = H; eps: the L2
+    norm's)."""
     batch, length, channels = x.shape
     width = kernel.shape[0]
     dim = head_width(channels, normalize_heads)
@@ -57,7 +48,7 @@ def _backward(dtype, normalize_heads, residuals, dy):
     dyp = pad_time(dy.reshape(batch, length, heads, dim).astype(x.dtype), rows)
     taps = kernel.astype(jnp.float32).reshape(width, heads, dim)
     dtotal, dw_part = shard.shard_batch_and_heads(
-        _kernel_program(normalize_heads is not None),
+        _kernel_program(normalize_heads is not None, eps),
         xp, dyp, idsp, taps, layouts=("BTHD", "BTHD", "BT", "WHD"), out_layouts=("BTHD", "BNHWD"))
     dtotal = dtotal[:, :length].reshape(batch, length, channels)
     later = jnp.pad(dtotal, ((0, 0), (0, width - 1), (0, 0)))
@@ -68,7 +59,4 @@ def _backward(dtype, normalize_heads, residuals, dy):
         same = (later_ids[:, s:s + length] == ids)[..., None]
         dx = dx + jnp.where(same, later[:, s:s + length], 0.0) * taps32[width - 1 - s]
     d_kernel = dw_part.sum((0, 1)).transpose(1, 0, 2).reshape(width, channels)
-    return dx.astype(x.dtype), d_kernel.astype(kernel.dtype), None
-
-
-short_conv_pallas.defvjp(_forward, _backward)
+    return dx.astype(x.dtype), d_kernel.astype(kernel.dtype)
