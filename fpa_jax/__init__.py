@@ -20,5 +20,3 @@ __all__ = [
     "fields", "fox_attention", "fpa_attention", "fpa_attention_reference", "fpa_bias",
     "selective_attention", "softmax_attention",
 ]
-
-import kernels_pallas.attention.register  # noqa: E402,F401  (last: registers the "pallas" entries)

@@ -30,6 +30,7 @@ import jax.numpy as jnp
 from fpa_jax.baselines import flash_xla
 from fpa_jax.dispatch import attention_facts
 from fpa_jax.fpa import checks
+from kernels_pallas.attention import register as pallas_backend
 from kernels_pallas.registry import Registry
 
 
@@ -57,6 +58,7 @@ def _xla(q, k, v, log_forget, segment_ids, *, scale, block_size):
 REGISTRY = Registry("fox_attention", default_order=("pallas", "xla"))
 REGISTRY.register("reference", _reference)
 REGISTRY.register("xla", _xla)
+REGISTRY.register("pallas", pallas_backend.fox_pallas, supports=pallas_backend.pallas_supports)
 
 
 def fox_attention(q, k, v, log_forget, *, scale=None, segment_ids=None, implementation=None,

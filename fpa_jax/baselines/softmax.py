@@ -17,7 +17,7 @@ Implementations (`REGISTRY`, op name "softmax_attention"; default order
   "cudnn"      jax.nn.dot_product_attention(implementation="cudnn", is_causal=True), several
                times faster; supports a GPU, bf16/fp16, no segment_ids, no ALiBi, equal q/v
                head dims of at most 128 that are a multiple of 8 (`cudnn_supports`)
-  "pallas"     registered by the Pallas kernel module when it is imported
+  "pallas"     the Mosaic GPU kernels (`kernels_pallas.attention.register`), imported here
 An entry is `fn(q, k, v, segment_ids, alibi_slopes, *, scale, block_size) -> out` (q's dtype)
 on validated arrays; `supports` reads `fpa_jax.dispatch.attention_facts` plus has_alibi and
 block_size (docs/api.md).
@@ -29,6 +29,7 @@ import jax.numpy as jnp
 from fpa_jax.baselines import flash_xla
 from fpa_jax.dispatch import attention_facts
 from fpa_jax.fpa import checks
+from kernels_pallas.attention import register as pallas_backend
 from kernels_pallas.registry import Registry
 
 CUDNN_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
@@ -90,6 +91,8 @@ REGISTRY = Registry("softmax_attention", default_order=("cudnn", "pallas", "xla"
 REGISTRY.register("reference", _reference)
 REGISTRY.register("xla", _xla)
 REGISTRY.register("cudnn", _cudnn, supports=cudnn_supports)
+REGISTRY.register("pallas", pallas_backend.softmax_pallas,
+                  supports=pallas_backend.pallas_supports)
 
 
 def softmax_attention(q, k, v, *, scale=None, segment_ids=None, alibi_slopes=None,
