@@ -14,7 +14,6 @@ Times: median of jitted calls (benchmarks/timing.py). TFLOP/s counts the causal 
 2 B H T^2 D flops forward (QK^T and PV), 3.5x that forward+backward.
 Inputs: q, k, v ~ N(0, 1); phi, psi = walk + 0.5 N(0, 1), walk = cumsum(0.3 N(0, 1) - 0.05);
 beta = 1; log_forget = -softplus(-(N(0, 1) + 4)) (as benchmarks/bench_fpa.py).
-Imports of fpa_jax are guarded (other modules may be mid-edit): their rows are then left out.
 A table is printed last; everything goes to DIR/attention_kernels.json.
 """
 
@@ -30,6 +29,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
+import fpa_jax  # noqa: E402
 from kernels_pallas.attention.bias import FPABias, NoBias, SeparableBias  # noqa: E402
 from kernels_pallas.attention.forward import attention_forward  # noqa: E402
 
@@ -127,15 +127,6 @@ def small_checks(dim):
     return rows
 
 
-def ops():
-    try:
-        import fpa_jax
-        return fpa_jax
-    except Exception as e:  # noqa: BLE001
-        print("fpa_jax import failed:", e, flush=True)
-        return None
-
-
 def _time(row, key, fn, args, flops, repeats):
     try:
         row[key] = jax_median_ms(fn, *args, repeats=repeats)
@@ -153,10 +144,8 @@ def _fwd_bwd(fn, num_float_args):
     return jax.jit(jax.grad(loss, argnums=tuple(range(num_float_args))))
 
 
-def op_rows(shape, fpa_jax, x, flops):
+def op_rows(shape, x, flops):
     """Forward and forward+backward of the public ops: "pallas", "xla" (and cuDNN)."""
-    if fpa_jax is None:
-        return []
     scale = shape[-1] ** -0.5
     q, k, v = x["q"], x["k"], x["v"]
     dout = jnp.asarray(np.random.default_rng(3).standard_normal(shape), jnp.float32)
@@ -198,22 +187,20 @@ def op_rows(shape, fpa_jax, x, flops):
     return rows
 
 
-def kernel_rows(shape, fpa_jax, x, flops):
+def kernel_rows(shape, x, flops):
     """The forward kernel alone: pruning on / off, pruned fraction, error vs the "xla" op."""
     scale = shape[-1] ** -0.5
     q, k, v = x["q"], x["k"], x["v"]
     c = jnp.cumsum(x["log_forget"], axis=1)
     biases = {"softmax": NoBias(), "fox": SeparableBias(c, c),
               "fpa": FPABias(x["phi"], x["psi"], x["beta"])}
-    xla = {}
-    if fpa_jax is not None:
-        xla = {"softmax": (lambda q, k, v: fpa_jax.softmax_attention(
-                   q, k, v, scale=scale, implementation="xla"), (q, k, v)),
-               "fox": (lambda q, k, v, lf: fpa_jax.fox_attention(
-                   q, k, v, lf, scale=scale, implementation="xla"), (q, k, v, x["log_forget"])),
-               "fpa": (lambda q, k, v, phi, psi, beta: fpa_jax.fpa_attention(
-                   q, k, v, phi, psi, beta, scale=scale, implementation="xla"),
-                   (q, k, v, x["phi"], x["psi"], x["beta"]))}  # arguments, not constants
+    xla = {"softmax": (lambda q, k, v: fpa_jax.softmax_attention(
+               q, k, v, scale=scale, implementation="xla"), (q, k, v)),
+           "fox": (lambda q, k, v, lf: fpa_jax.fox_attention(
+               q, k, v, lf, scale=scale, implementation="xla"), (q, k, v, x["log_forget"])),
+           "fpa": (lambda q, k, v, phi, psi, beta: fpa_jax.fpa_attention(
+               q, k, v, phi, psi, beta, scale=scale, implementation="xla"),
+               (q, k, v, x["phi"], x["psi"], x["beta"]))}  # arguments, not constants
     variants = [(name, prune, True) for name in biases for prune in (True, False)
                 if name != "softmax" or prune]
     variants += [("softmax", True, False), ("fpa", True, False)]  # P through shared memory
@@ -230,10 +217,9 @@ def kernel_rows(shape, fpa_jax, x, flops):
             out, lse, stats = fn(*args)
             row["pruned_frac"] = float(stats["pruned_tiles"]) / max(float(stats["tiles"]), 1.0)
             row["lse_finite"] = bool(jnp.isfinite(lse).all())
-            if name in xla:
-                if name not in references:
-                    references[name] = jax.jit(xla[name][0])(*xla[name][1])
-                row["rel_vs_xla"] = rel(out, references[name])
+            if name not in references:
+                references[name] = jax.jit(xla[name][0])(*xla[name][1])
+            row["rel_vs_xla"] = rel(out, references[name])
             if name == "softmax":
                 row["rel_vs_cudnn"] = rel(out, jax.nn.dot_product_attention(
                     q, k, v, scale=scale, is_causal=True, implementation="cudnn"))
@@ -259,14 +245,13 @@ def main():
     rows = []
     for dim in (int(d) for d in args.small_dims.split(",") if d):
         rows += small_checks(dim)
-    fpa_jax = ops()
     timings = []
     for shape in shapes:
         x = make_inputs(shape, seed=2)
         flops = 2.0 * shape[0] * shape[2] * shape[1] ** 2 * shape[3]  # causal fwd: QK^T + PV
-        timings += kernel_rows(shape, fpa_jax, x, flops)
+        timings += kernel_rows(shape, x, flops)
         if not args.kernel_only:
-            timings += op_rows(shape, fpa_jax, x, flops)
+            timings += op_rows(shape, x, flops)
     with open(os.path.join(args.out, "attention_kernels.json"), "w") as f:
         json.dump({"device": jax.devices()[0].device_kind, "checks": rows, "timings": timings},
                   f, indent=1, default=str)
