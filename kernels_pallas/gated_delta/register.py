@@ -9,6 +9,7 @@ Runs on a Hopper GPU (or the CPU in GPU interpret mode, for tests) with bf16/fp1
 import jax.numpy as jnp
 
 from kernels_pallas.gated_delta import chunked, state_kernels
+from kernels_pallas.gated_delta.common import SUPPORTED_DIMS
 from kernels_pallas.interpret import interpret_active
 from kernels_pallas.registry import is_hopper
 
@@ -25,8 +26,8 @@ def supports(**facts):
     if dtype not in _SIXTEEN_BIT and not interpreting:
         return f"needs bf16 or fp16 q and k (16-bit tensor-core operands), got {dtype}"
     key_dim, value_dim = facts.get("head_dim"), facts.get("value_head_dim")
-    if key_dim not in state_kernels.SUPPORTED_DIMS or value_dim not in state_kernels.SUPPORTED_DIMS:
-        return (f"needs K and V in {state_kernels.SUPPORTED_DIMS}, got K = {key_dim}, "
+    if key_dim not in SUPPORTED_DIMS or value_dim not in SUPPORTED_DIMS:
+        return (f"needs K and V in {SUPPORTED_DIMS}, got K = {key_dim}, "
                 f"V = {value_dim}")
     if facts.get("chunk_size") != chunked.CHUNK:
         return f"needs chunk_size {chunked.CHUNK}, got {facts.get('chunk_size')}"

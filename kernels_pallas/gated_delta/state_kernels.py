@@ -31,8 +31,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-SMEM_BYTES = 232448          # an H200 block's shared memory (227 KiB)
-SUPPORTED_DIMS = (64, 128, 256)
+from kernels_pallas.gated_delta.common import SMEM_BYTES, SUPPORTED_DIMS, matmul, swizzled_smem
+
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,14 +46,6 @@ class Tiling:
     @property
     def num_value_tiles(self):
         return self.value_dim // self.value_tile
-
-
-def swizzled_smem(shape, dtype, swizzle=128):
-    """SMEM buffer type, swizzled by `swizzle` bytes or the minor dimension if narrower."""
-    itemsize = jnp.dtype(dtype).itemsize
-    swizzle = min(swizzle, shape[-1] * itemsize)
-    transforms = (plgpu.TilingTransform((8, swizzle // itemsize)), plgpu.SwizzleTransform(swizzle))
-    return plgpu.SMEM(shape, dtype, transforms=transforms)
 
 
 def _operand_swizzle(tiling: Tiling, operand_dtype):
@@ -94,14 +86,6 @@ def choose_tiling(num_chunks, chunk, key_dim, value_dim, operand_dtype, value_ti
             return tiling
     raise ValueError(f"no value tile of {candidates} fits shared memory for K = {key_dim}, "
                      f"{num_chunks} chunks")
-
-
-def matmul(a, b, shape):
-    """a @ b on the tensor cores (refs in SMEM; a may be a transposed view), float32 result."""
-    def body(acc):
-        plgpu.wgmma(acc, a, b)
-        return acc[...]
-    return pl.run_scoped(body, plgpu.ACC(shape, jnp.float32))
 
 
 def padded_chunks(num_chunks):
