@@ -2,6 +2,7 @@
 
     python benchmarks/op_trace.py fpa --shape 4,4096,12,64 --fields walk [--out DIR]
     python benchmarks/op_trace.py gdn --shape 4,4096,16,128 [--intra-backward pallas]
+    python benchmarks/op_trace.py fpa|fox|softmax ... [--overlap none|dq|dkv|both]
     python benchmarks/op_trace.py fpa --shape 4,4096,12,64 1,16384,12,64 --fields walk,flat,fox
 
 op: fpa | fox | softmax (the "pallas" kernels) or gdn (gated_delta_rule, "pallas"); bf16 inputs,
@@ -116,7 +117,8 @@ def _knobs(op):
     if op == "gdn":
         from kernels_pallas.gated_delta import chunked
         return {"intra_backward": chunked.INTRA_BACKWARD}
-    return {}
+    from kernels_pallas.attention import backward
+    return {"overlap_dq": backward.OVERLAP_DQ, "overlap_dkv": backward.OVERLAP_DKV}
 
 
 def main():
@@ -130,7 +132,14 @@ def main():
     parser.add_argument("--intra-backward", choices=("xla", "pallas"), default=None,
                         help="gdn: the WY preparation's backward (kernels_pallas/gated_delta/"
                              "chunked.py INTRA_BACKWARD)")
+    parser.add_argument("--overlap", choices=("none", "dq", "dkv", "both"), default=None,
+                        help="attention: the backward sweeps that issue the scores' and dP's "
+                             "matmuls together (kernels_pallas/attention/backward.py OVERLAP_*)")
     args = parser.parse_args()
+    if args.overlap is not None:
+        from kernels_pallas.attention import backward
+        backward.OVERLAP_DQ = args.overlap in ("dq", "both")
+        backward.OVERLAP_DKV = args.overlap in ("dkv", "both")
     if args.intra_backward is not None:
         from kernels_pallas.gated_delta import chunked
         chunked.INTRA_BACKWARD = args.intra_backward

@@ -72,6 +72,13 @@ def _to_bth(x, length):
     return jnp.moveaxis(x[:, :, :length], 1, 2)
 
 
+# The sweeps' matmul schedule (backward_kernels.KernelConfig overlap_dq / overlap_dkv): issue
+# the scores' and dP's matmuls together and form P while dP's is in flight. Read when the
+# backward is traced. Off until timed on the GPU against the sequential schedule.
+OVERLAP_DQ = False
+OVERLAP_DKV = False
+
+
 def kernel_config(bias, scale, segment_ids, length, block=BLOCK, prune=False,
                   lhs_in_registers=None):
     """The static configuration of the kernels for this bias. lhs_in_registers: None picks
@@ -86,7 +93,8 @@ def kernel_config(bias, scale, segment_ids, length, block=BLOCK, prune=False,
                         query_level=bool(bias.query_level) if fpa else False,
                         content=bool(bias.content) if fpa else True,
                         prune=bool(prune), margin=pruning_margin(length),
-                        lhs_in_registers=bool(lhs_in_registers))
+                        lhs_in_registers=bool(lhs_in_registers), overlap_dq=OVERLAP_DQ,
+                        overlap_dkv=OVERLAP_DKV)
 
 
 def document_end_index(segment_ids, padded, n):

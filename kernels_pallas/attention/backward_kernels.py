@@ -79,6 +79,8 @@ class KernelConfig:
     margin: float = 0.0
     lhs_in_registers: bool = False  # P, dS as wgmma operands from registers (compiled only;
                                     # backward.kernel_config picks it outside the interpreter)
+    overlap_dq: bool = False  # dq: issue the scores' and dP's matmuls together and form P
+    overlap_dkv: bool = False  # (bias, exp) while dP's is in flight; dk/dv likewise
 
     @property
     def skips(self):
@@ -234,6 +236,32 @@ def _matmul(a_smem, b_smem, shape):
     return pl.run_scoped(body, plgpu.ACC(shape, jnp.float32))
 
 
+def _probs_during_dp(probs_of, lhs, rhs, d_lhs, d_rhs, shape):
+    """(p, extra, dP): the scores' matmul lhs @ rhs and dP's, d_lhs @ d_rhs, issued together;
+    (p, extra) = probs_of(scores) runs while dP's matmul is in flight (it holds a second
+    accumulator tile meanwhile). A diagonal tile's gap ("gap_tile") leaves the scope as an
+    array; extra's other entries recompute from shared memory and live outside it."""
+    captured = {}
+
+    def body(scores_acc, dp_acc):
+        plgpu.wgmma(scores_acc, lhs, rhs)
+        plgpu.wgmma(dp_acc, d_lhs, d_rhs)
+        p, extra = probs_of(plgpu.wgmma_accumulator_load(scores_acc, wait_n=1))
+        gap_tile = None
+        if extra is not None and "gap_tile" in extra:
+            gap_tile = extra["gap_tile"]
+            extra = {key: value for key, value in extra.items() if key not in ("gap", "gap_tile")}
+        captured["extra"] = extra
+        return p, gap_tile, plgpu.wgmma_accumulator_load(dp_acc, wait_n=0)
+
+    p, gap_tile, dp = pl.run_scoped(body, plgpu.ACC(shape, jnp.float32),
+                                    plgpu.ACC(shape, jnp.float32))
+    extra = captured["extra"]
+    if gap_tile is not None:
+        extra = dict(extra, gap=lambda: gap_tile)
+    return p, extra, dp
+
+
 def _accumulate(cfg, acc, lhs, lhs_smem, rhs_smem, during=None, state=()):
     """(acc + lhs @ rhs_smem, during(state)): lhs a float32 tile in registers, cast to the
     input dtype; during (elementwise work on other values, returning a tuple like state) runs
@@ -373,7 +401,7 @@ class _Tile:
             gap = range_min - level
             gap = jnp.where((gap < 0.0) & (self.s_local < self.t_local), gap, 0.0)
             bias = self.beta * gap
-            extra = dict(gap=lambda: gap)
+            extra = dict(gap=lambda: gap, gap_tile=gap)
         else:
             bias = self.beta * self.level_gap(gap_min)
             extra = dict(gap=functools.partial(self.level_gap, gap_min))
@@ -622,18 +650,27 @@ def dkv_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
             def compute(state, field_work=True):
                 dk, dv, col_acc = state
                 tile = _Tile(cfg, 1, rows, cols, beta)
-                scores = None
-                if cfg.content:
-                    scores = _matmul(k_s, q_s.at[slot].transpose((1, 0)), (n, n))
-                if field_work:
-                    logits, extra = tile.logits_and_bias(scores, diagonal, diag_rows, diag_cols,
-                                                         gap_min)
-                else:  # no dead pair: the bias is 0
-                    logits, extra = tile.unbiased_logits(scores), None
-                mask = tile.mask(diagonal)
-                p = tile.probs(logits, mask)
-                dv, _ = _accumulate(cfg, dv, p, p_s, do_s.at[slot])
-                dp = _matmul(v_s, do_s.at[slot].transpose((1, 0)), (n, n))
+
+                def probs_of(scores):
+                    if field_work:
+                        logits, extra = tile.logits_and_bias(scores, diagonal, diag_rows,
+                                                             diag_cols, gap_min)
+                    else:  # no dead pair: the bias is 0
+                        logits, extra = tile.unbiased_logits(scores), None
+                    return tile.probs(logits, tile.mask(diagonal)), extra
+
+                dp_operands = (v_s, do_s.at[slot].transpose((1, 0)))
+                if cfg.content and cfg.overlap_dkv:
+                    p, extra, dp = _probs_during_dp(probs_of, k_s, q_s.at[slot].transpose((1, 0)),
+                                                    *dp_operands, (n, n))
+                    dv, _ = _accumulate(cfg, dv, p, p_s, do_s.at[slot])
+                else:
+                    scores = None
+                    if cfg.content:
+                        scores = _matmul(k_s, q_s.at[slot].transpose((1, 0)), (n, n))
+                    p, extra = probs_of(scores)
+                    dv, _ = _accumulate(cfg, dv, p, p_s, do_s.at[slot])
+                    dp = _matmul(*dp_operands, (n, n))
                 ds = p * (dp - tile.row("delta"))
 
                 def column_sums(col_acc):  # during dk's matmul
@@ -820,17 +857,25 @@ def dq_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
             def compute(state, field_work=True):
                 dq, row_acc = state
                 tile = _Tile(cfg, 0, rows, cols, beta)
-                scores = None
-                if cfg.content:
-                    scores = _matmul(q_s, k_s.at[slot].transpose((1, 0)), (n, n))
-                if field_work:
-                    logits, extra = tile.logits_and_bias(scores, diagonal, diag_rows, diag_cols,
-                                                         gap_min)
-                else:  # no dead pair: the bias is 0
-                    logits, extra = tile.unbiased_logits(scores), None
-                mask = tile.mask(diagonal)
-                p = tile.probs(logits, mask)
-                dp = _matmul(do_s, v_s.at[slot].transpose((1, 0)), (n, n))
+
+                def probs_of(scores):
+                    if field_work:
+                        logits, extra = tile.logits_and_bias(scores, diagonal, diag_rows,
+                                                             diag_cols, gap_min)
+                    else:  # no dead pair: the bias is 0
+                        logits, extra = tile.unbiased_logits(scores), None
+                    return tile.probs(logits, tile.mask(diagonal)), extra
+
+                dp_operands = (do_s, v_s.at[slot].transpose((1, 0)))
+                if cfg.content and cfg.overlap_dq:
+                    p, extra, dp = _probs_during_dp(probs_of, q_s, k_s.at[slot].transpose((1, 0)),
+                                                    *dp_operands, (n, n))
+                else:
+                    scores = None
+                    if cfg.content:
+                        scores = _matmul(q_s, k_s.at[slot].transpose((1, 0)), (n, n))
+                    p, extra = probs_of(scores)
+                    dp = _matmul(*dp_operands, (n, n))
                 ds = p * (dp - tile.row("delta"))
 
                 def row_sums(row_acc):  # during dq's matmul
