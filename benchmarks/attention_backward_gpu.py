@@ -139,7 +139,6 @@ def case(name, shape, dtype, segmented, timing):
         row["bwd_dlf_vs_f32"] = rel(got[3], f32[3])
         row["xla_dlf_vs_f32"] = rel(ref[3], f32[3])
     try:
-        import kernels_pallas.attention.register  # noqa: F401
         pallas = grads_fn(op, "pallas", count)
         e2e = pallas(*args)
         row.update({f"e2e_{n}": rel(g, r) for n, g, r in zip(names, e2e, ref)})

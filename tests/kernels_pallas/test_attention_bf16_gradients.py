@@ -21,7 +21,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import kernels_pallas.attention.register  # noqa: F401 - adds the "pallas" entries
 from fpa_jax import fields, fox_attention, fpa_attention, softmax_attention
 from kernels_pallas import interpret
 from tests.seeds import case_seed
