@@ -1,6 +1,7 @@
 """The one-layer softmax LM and small Python-like corpus that the CLI and reliability tests
 train in a few seconds."""
 
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -34,3 +35,9 @@ def fit_tiny_run(root: Path, seed: int, documents: int = 12, steps: int = 2) -> 
     assert main(["fit", "tiny_softmax", *TINY, f"data.source={corpus}", f"train.steps={steps}",
                  "train.tensorboard=false", "--run-dir", str(run_dir)]) == 0
     return run_dir
+
+
+def copy_run(run_dir: Path, target: Path) -> Path:
+    """A copy of a finished run at target (its corpus stays where it is), to write into."""
+    shutil.copytree(run_dir, target)
+    return target

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from tests.train.tiny_run import fit_tiny_run
+from tests.train.tiny_run import copy_run
 from train.experiments.long_eval_tasks import TASKS
 
 # passkey fits in 110 byte tokens, the multi-needle tasks do not (their cells are "-"): cheap
@@ -17,8 +17,9 @@ SETTING = ["--suite", "long", "--lengths", "110,120", "--depths", "0", "--sample
 
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory):
-    return fit_tiny_run(tmp_path_factory.mktemp("long_settings"), seed=31)
+def run_dir(tiny_trained_run, tmp_path_factory):
+    """A copy of the session's tiny run: the default output directories are written into it."""
+    return copy_run(tiny_trained_run, tmp_path_factory.mktemp("long_settings") / "run")
 
 
 def outputs(directory):

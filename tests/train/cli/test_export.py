@@ -8,7 +8,6 @@ import json
 
 import pytest
 
-from tests.seeds import case_seed
 from tests.train import tiny_run
 from train.cli.entry import build_parser, main
 from train.cli.export import command_export
@@ -16,9 +15,8 @@ from train.data.tokenizer import ByteTokenizer
 
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory):
-    return tiny_run.fit_tiny_run(tmp_path_factory.mktemp("export_overwrite"),
-                                 seed=case_seed(3001), documents=6)
+def run_dir(tiny_trained_run, tmp_path_factory):
+    return tiny_run.copy_run(tiny_trained_run, tmp_path_factory.mktemp("export_overwrite") / "run")
 
 
 def one_error_line(capsys):

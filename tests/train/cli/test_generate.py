@@ -6,7 +6,6 @@ import argparse
 
 import pytest
 
-from tests.seeds import case_seed
 from tests.train import tiny_run
 from train.cli.entry import build_parser, main
 
@@ -47,8 +46,8 @@ def test_generate_accepts_the_edges_of_the_ranges(tmp_path):
                                       "none"]).evict_below is None
 
 
-def test_every_sample_of_a_batch_has_a_header(tmp_path, capsys):
-    run_dir = tiny_run.fit_tiny_run(tmp_path, seed=case_seed(3011), documents=6)
+def test_every_sample_of_a_batch_has_a_header(tiny_trained_run, tmp_path, capsys):
+    run_dir = tiny_run.copy_run(tiny_trained_run, tmp_path / "run")
     capsys.readouterr()
     argv = ["generate", str(run_dir), "--prompt", "def", "--max-new-tokens", "3"]
     assert main([*argv, "--batch", "2"]) == 0

@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-from tests.train.tiny_run import fit_tiny_run
+from tests.train.tiny_run import copy_run
 
 
 def stderr_lines(capsys):
@@ -15,8 +15,8 @@ def stderr_lines(capsys):
 
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory):
-    return fit_tiny_run(tmp_path_factory.mktemp("progress"), seed=41)
+def run_dir(tiny_trained_run, tmp_path_factory):
+    return copy_run(tiny_trained_run, tmp_path_factory.mktemp("progress") / "run")
 
 
 def test_generate_reports_a_long_prefill_and_warns_far_beyond_the_training_length(

@@ -5,10 +5,9 @@ segment order (what the language-model comparison pairs across models)."""
 import jax
 import numpy as np
 
-from tests.seeds import case_seed
 from tests.train.core.test_step import (LOSS_MASK, SEGMENT_IDS, hand_losses, jitted_steps,
                                         model_and_params, packed_batch, trainer_view)
-from tests.train.tiny_run import fit_tiny_run
+from tests.train.tiny_run import copy_run
 from train.core.evaluate import evaluate_run
 
 KIND = "softmax"
@@ -44,8 +43,8 @@ def test_eval_step_sums_each_document_piece():
     np.testing.assert_allclose(sums["document_loss_sum"].sum(), sums["loss_sum"], rtol=1e-5)
 
 
-def test_evaluate_lists_document_pieces_that_add_up_to_the_mean(tmp_path):
-    run_dir = fit_tiny_run(tmp_path, seed=case_seed(31))
+def test_evaluate_lists_document_pieces_that_add_up_to_the_mean(tiny_trained_run, tmp_path):
+    run_dir = copy_run(tiny_trained_run, tmp_path / "run")
     plain = evaluate_run(run_dir, num_batches=2)
     pieces = evaluate_run(run_dir, num_batches=2, per_document=True)
     assert "document_loss_sum" not in plain
