@@ -40,8 +40,11 @@ def _errors(attend, keys, extras):
     weight = jax.random.normal(keys[3], SHAPE).astype(jnp.bfloat16).astype(jnp.float32)
 
     def grads(implementation, *args):
-        loss = lambda *a: jnp.sum(attend(implementation, *a).astype(jnp.float32) * weight)
-        return jax.jit(jax.grad(loss, argnums=tuple(range(len(args)))))(*args)
+        # the weight an argument, not a constant of the program: the cases of one shape then
+        # compile one program (the session's compilation cache serves the second)
+        loss = lambda weight, *a: jnp.sum(attend(implementation, *a).astype(jnp.float32)
+                                          * weight)
+        return jax.jit(jax.grad(loss, argnums=tuple(range(1, len(args) + 1))))(weight, *args)
 
     interpret.reset()
     with interpret.gpu_interpret():
