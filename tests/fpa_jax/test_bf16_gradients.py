@@ -45,12 +45,14 @@ def _bf16_inputs(seed, shape):
 def _rel_errors(attend, weight, q, k, v, *extras):
     """rel of out and of every gradient: attend(impl, q, k, v, *extras) in bf16 vs f32 oracle."""
     def run(implementation, q, k, v):
-        def loss(*args):
+        # the weight an argument, not a constant of the program: the cases of one shape then
+        # compile one program (the session's compilation cache serves the second)
+        def loss(weight, *args):
             out = attend(implementation, *args)
             return jnp.sum(out.astype(jnp.float32) * weight), out
-        argnums = tuple(range(3 + len(extras)))
+        argnums = tuple(range(1, 4 + len(extras)))
         grad_fn = jax.jit(jax.grad(loss, argnums=argnums, has_aux=True))
-        grads, out = grad_fn(q, k, v, *extras)
+        grads, out = grad_fn(weight, q, k, v, *extras)
         return out, grads
 
     out, grads = run("xla", q, k, v)
