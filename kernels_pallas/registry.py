@@ -107,3 +107,18 @@ def platform_facts() -> dict:
 
 def is_hopper(facts: dict) -> bool:
     return facts.get("platform") == "gpu" and str(facts.get("compute_capability")) == "9.0"
+
+
+def mosaic_gpu_reason(facts: dict, operands: str = "inputs") -> Optional[str]:
+    """None if a Mosaic GPU kernel can take these inputs: on a Hopper GPU with 16-bit (bf16,
+    fp16) `operands`, or in the GPU interpreter (kernels_pallas.interpret), which also takes
+    float32; else why not. The kernels' `supports` add their own shape conditions."""
+    from kernels_pallas.interpret import interpret_active  # imports Pallas: not at start-up
+    interpreting = interpret_active()
+    if not (is_hopper(facts) or interpreting):
+        return (f"needs a Hopper GPU (compute capability 9.0), got platform "
+                f"{facts.get('platform')} (compute capability {facts.get('compute_capability')})")
+    dtype = jax.numpy.dtype(facts.get("dtype", "float32"))
+    if dtype.name not in ("bfloat16", "float16") and not (interpreting and dtype.name == "float32"):
+        return f"needs bf16 or fp16 {operands}, got {dtype}"
+    return None

@@ -411,6 +411,15 @@ class _Tile:
             logits = cfg.scale * scores if bias is None else cfg.scale * scores + bias
         return logits, extra
 
+    def biased_probs(self, scores, *, diagonal, field_work, diag_rows, diag_cols, gap_min):
+        """(P [n, n] masked, extra of `logits_and_bias`); without field_work (a tile with no
+        dead pair) the bias is 0 and extra None."""
+        if field_work:
+            logits, extra = self.logits_and_bias(scores, diagonal, diag_rows, diag_cols, gap_min)
+        else:
+            logits, extra = self.unbiased_logits(scores), None
+        return self.probs(logits, self.mask(diagonal)), extra
+
     def unbiased_logits(self, scores):
         """scale <q, k> without a bias (zeros without content)."""
         if scores is None:
@@ -650,14 +659,9 @@ def dkv_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
             def compute(state, field_work=True):
                 dk, dv, col_acc = state
                 tile = _Tile(cfg, 1, rows, cols, beta)
-
-                def probs_of(scores):
-                    if field_work:
-                        logits, extra = tile.logits_and_bias(scores, diagonal, diag_rows,
-                                                             diag_cols, gap_min)
-                    else:  # no dead pair: the bias is 0
-                        logits, extra = tile.unbiased_logits(scores), None
-                    return tile.probs(logits, tile.mask(diagonal)), extra
+                probs_of = functools.partial(tile.biased_probs, diagonal=diagonal,
+                                             field_work=field_work, diag_rows=diag_rows,
+                                             diag_cols=diag_cols, gap_min=gap_min)
 
                 dp_operands = (v_s, do_s.at[slot].transpose((1, 0)))
                 if cfg.content and cfg.overlap_dkv:
@@ -857,14 +861,9 @@ def dq_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
             def compute(state, field_work=True):
                 dq, row_acc = state
                 tile = _Tile(cfg, 0, rows, cols, beta)
-
-                def probs_of(scores):
-                    if field_work:
-                        logits, extra = tile.logits_and_bias(scores, diagonal, diag_rows,
-                                                             diag_cols, gap_min)
-                    else:  # no dead pair: the bias is 0
-                        logits, extra = tile.unbiased_logits(scores), None
-                    return tile.probs(logits, tile.mask(diagonal)), extra
+                probs_of = functools.partial(tile.biased_probs, diagonal=diagonal,
+                                             field_work=field_work, diag_rows=diag_rows,
+                                             diag_cols=diag_cols, gap_min=gap_min)
 
                 dp_operands = (do_s, v_s.at[slot].transpose((1, 0)))
                 if cfg.content and cfg.overlap_dq:

@@ -42,8 +42,7 @@ from kernels_pallas.attention.backward import attention_backward
 from kernels_pallas.attention.bias import FPABias, NoBias, SeparableBias
 from kernels_pallas.attention.common import SUPPORTED_HEAD_DIMS
 from kernels_pallas.attention.forward import attention_forward
-from kernels_pallas.interpret import interpret_active
-from kernels_pallas.registry import is_hopper
+from kernels_pallas.registry import mosaic_gpu_reason
 
 
 @functools.lru_cache(maxsize=None)
@@ -193,14 +192,9 @@ def softmax_pallas(q, k, v, segment_ids, alibi_slopes, *, scale, block_size=None
 
 def pallas_supports(**facts):
     """None if the kernels run on these inputs, else why not (docs/api.md "Dispatch")."""
-    interpreted = interpret_active()
-    if not (is_hopper(facts) or interpreted):
-        return (f"needs a Hopper GPU (compute capability 9.0), got platform "
-                f"{facts.get('platform')} compute capability {facts.get('compute_capability')}")
-    dtype = np.dtype(facts.get("dtype", np.float32))
-    allowed = (jnp.bfloat16, jnp.float16) + ((jnp.float32,) if interpreted else ())
-    if dtype not in [np.dtype(d) for d in allowed]:
-        return f"needs bfloat16 or float16 inputs, got {dtype}"
+    reason = mosaic_gpu_reason(facts)
+    if reason is not None:
+        return reason
     head_dim = facts.get("head_dim")
     if head_dim not in SUPPORTED_HEAD_DIMS:
         return f"needs head_dim in {SUPPORTED_HEAD_DIMS}, got {head_dim}"

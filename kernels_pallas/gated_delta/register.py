@@ -10,21 +10,13 @@ import jax.numpy as jnp
 
 from kernels_pallas.gated_delta import chunked, state_kernels
 from kernels_pallas.gated_delta.common import SUPPORTED_DIMS
-from kernels_pallas.interpret import interpret_active
-from kernels_pallas.registry import is_hopper
-
-_SIXTEEN_BIT = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
-
+from kernels_pallas.registry import mosaic_gpu_reason
 
 def supports(**facts):
     """None if the kernels run on these inputs, else the reason."""
-    interpreting = interpret_active()
-    if not (is_hopper(facts) or interpreting):
-        return (f"needs a Hopper GPU (compute capability 9.0), got platform "
-                f"{facts.get('platform')} (compute capability {facts.get('compute_capability')})")
-    dtype = jnp.dtype(facts.get("dtype", jnp.float32))
-    if dtype not in _SIXTEEN_BIT and not interpreting:
-        return f"needs bf16 or fp16 q and k (16-bit tensor-core operands), got {dtype}"
+    reason = mosaic_gpu_reason(facts, "q and k (16-bit tensor-core operands)")
+    if reason is not None:
+        return reason
     key_dim, value_dim = facts.get("head_dim"), facts.get("value_head_dim")
     if key_dim not in SUPPORTED_DIMS or value_dim not in SUPPORTED_DIMS:
         return (f"needs K and V in {SUPPORTED_DIMS}, got K = {key_dim}, "
@@ -32,6 +24,7 @@ def supports(**facts):
     if facts.get("chunk_size") != chunked.CHUNK:
         return f"needs chunk_size {chunked.CHUNK}, got {facts.get('chunk_size')}"
     try:
+        dtype = jnp.dtype(facts.get("dtype", jnp.float32))
         state_kernels.choose_tiling(-(-facts["seq_len"] // chunked.CHUNK), chunked.CHUNK,
                                     key_dim, value_dim, dtype)
     except ValueError as error:

@@ -7,25 +7,15 @@ Runs on a Hopper GPU (or the CPU in GPU interpret mode, for tests) with 16-bit a
 default (implementation=None) falls back to "xla".
 """
 
-import jax.numpy as jnp
-
-from kernels_pallas.interpret import interpret_active
-from kernels_pallas.registry import is_hopper
+from kernels_pallas.registry import mosaic_gpu_reason
 from kernels_pallas.short_conv.backward_kernel import PAD
 from kernels_pallas.short_conv.backward import GROUP, conv_backward_pass, head_width
 
-_SIXTEEN_BIT = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
-
-
 def supports(**facts):
     """None if the kernel runs on these inputs, else the reason."""
-    interpreting = interpret_active()
-    if not (is_hopper(facts) or interpreting):
-        return (f"needs a Hopper GPU (compute capability 9.0), got platform "
-                f"{facts.get('platform')} (compute capability {facts.get('compute_capability')})")
-    dtype = jnp.dtype(facts.get("dtype", jnp.float32))
-    if dtype not in _SIXTEEN_BIT and not interpreting:
-        return f"needs bf16 or fp16 activations, got {dtype}"
+    reason = mosaic_gpu_reason(facts, "activations")
+    if reason is not None:
+        return reason
     if facts.get("kernel_size", 0) > PAD + 1:
         return f"needs at most {PAD + 1} taps, got {facts.get('kernel_size')}"
     channels, heads = facts.get("channels", 0), facts.get("normalize_heads")
