@@ -110,7 +110,7 @@ def committed_steps(run_dir):
 
 
 @pytest.mark.slow
-def test_interrupted_runs_resume_exactly(tmp_path, corpus, environment):
+def test_interrupted_runs_resume_exactly(tmp_path, corpus, environment, capsys):
     """One test (so pytest-xdist runs these subprocesses once): an uninterrupted 8-step run, and
     the same run stopped by SIGTERM after step 4, resumed, killed by SIGKILL inside the async
     checkpoint save of step 6, and resumed again to step 8: same losses step by step, same
@@ -159,16 +159,15 @@ def test_interrupted_runs_resume_exactly(tmp_path, corpus, environment):
     weighted = sum(l * n for l, n in zip(final_eval["position_loss"], final_eval["position_tokens"]))
     np.testing.assert_allclose(weighted / final_eval["tokens"], final_eval["loss"], rtol=1e-5)
 
-    # `eval` re-evaluates the newest checkpoint; `plot` draws the curves
-    completed = subprocess.run(
-        [sys.executable, "-m", "train", "eval", str(straight_dir), "--batches", "2"],
-        cwd=REPO, env=environment, capture_output=True, text=True, timeout=600)
-    assert completed.returncode == 0, completed.stderr[-3000:]
-    assert "eval loss" in completed.stdout
+    # `eval` re-evaluates the newest checkpoint; `plot` draws the curves (in this process:
+    # `python -m train eval` in a fresh one is tests/train/cli/test_entry_unreadable_runs.py's)
+    from train.cli.entry import main
+
+    capsys.readouterr()
+    assert main(["eval", str(straight_dir), "--batches", "2"]) == 0
+    assert "eval loss" in capsys.readouterr().out
     written = json.loads((straight_dir / "eval-step8-len32.json").read_text())
     np.testing.assert_allclose(written["loss"], straight["eval_loss"], rtol=0, atol=1e-6)
-
-    from train.cli.entry import main
 
     assert main(["plot", str(straight_dir), "--out", str(tmp_path / "plots")]) == 0
     for name in ("loss.png", "position_loss.png"):
