@@ -21,7 +21,9 @@ names a level is left alone.
 
 Under pytest-xdist (`-n 2`), tests marked `slow` are handed out first (one long test started
 last would otherwise run on alone), and the tests of each module in SHARED_FIXTURE_MODULES go
-to one worker, so their expensive module-scoped fixture is built once, not once per worker.
+to one worker, so their expensive module-scoped fixture is built once, not once per worker;
+the modules of each group in SHARED_SESSION_FIXTURES go to one worker together, so the
+session-scoped fixture they share is built once per session.
 """
 
 import os
@@ -37,15 +39,22 @@ CPU_LEVEL_FLAG = "--xla_backend_optimization_level=0"
 # modules whose module-scoped fixture trains a run or starts an 8-device subprocess
 SHARED_FIXTURE_MODULES = frozenset({
     "tests/kernels_pallas/test_shard_map.py",
-    "tests/train/cli/test_cpt.py",
     "tests/train/cli/test_entry_unreadable_runs.py",
-    "tests/train/cli/test_eval_long.py",
-    "tests/train/cli/test_export.py",
-    "tests/train/cli/test_generate_progress.py",
-    "tests/train/cli/test_spectra.py",
     "tests/train/experiments/test_long_eval.py",
     "tests/train/experiments/test_stages_chain.py",
 })
+
+# session-scoped fixtures that train a run: the modules using each go to one worker together
+SHARED_SESSION_FIXTURES = {
+    "gdn_cpt_runs": ("tests/train/cli/test_cpt.py", "tests/train/cli/test_spectra.py"),
+    "tiny_trained_run": ("tests/train/cli/test_eval_long.py", "tests/train/cli/test_export.py",
+                         "tests/train/cli/test_generate.py",
+                         "tests/train/cli/test_generate_progress.py",
+                         "tests/train/core/test_evaluate_documents.py"),
+}
+SCHEDULING_UNITS = {**{module: module for module in SHARED_FIXTURE_MODULES},
+                    **{module: fixture for fixture, modules in SHARED_SESSION_FIXTURES.items()
+                       for module in modules}}
 
 
 class _XdistScheduling:
@@ -59,12 +68,12 @@ class _XdistScheduling:
 
         class ModuleGroups(LoadScopeScheduling):
             """Load scheduling one test at a time, except that each module of
-            SHARED_FIXTURE_MODULES is one unit (xdist's `xdist_group` marks would do this
-            with --dist=loadgroup, but they do not reach its scheduler under pytest 9)."""
+            SHARED_FIXTURE_MODULES and each group of SHARED_SESSION_FIXTURES is one unit
+            (xdist's `xdist_group` marks would do this with --dist=loadgroup, but they do not
+            reach its scheduler under pytest 9)."""
 
             def _split_scope(self, nodeid):
-                module = nodeid.split("::", 1)[0]
-                return module if module in SHARED_FIXTURE_MODULES else nodeid
+                return SCHEDULING_UNITS.get(nodeid.split("::", 1)[0], nodeid)
 
         return ModuleGroups(config, log)
 
