@@ -41,7 +41,7 @@ def tiny_model(name, seed):
     preset, extra = MODELS[name]
     model = build_model(load_config(preset, [*TINY, *extra]), VOCAB)
     tokens = jnp.zeros((1, 4), jnp.int32)
-    params = nn.meta.unbox(model.init(jax.random.PRNGKey(seed), tokens, tokens)["params"])
+    params = nn.meta.unbox(jax.jit(model.init)(jax.random.PRNGKey(seed), tokens, tokens)["params"])
     return model, params
 
 
