@@ -40,7 +40,6 @@ CPU_LEVEL_FLAG = "--xla_backend_optimization_level=0"
 SHARED_FIXTURE_MODULES = frozenset({
     "tests/kernels_pallas/test_shard_map.py",
     "tests/train/cli/test_entry_unreadable_runs.py",
-    "tests/train/experiments/test_long_eval.py",
     "tests/train/experiments/test_stages_chain.py",
 })
 
@@ -50,7 +49,8 @@ SHARED_SESSION_FIXTURES = {
     "tiny_trained_run": ("tests/train/cli/test_eval_long.py", "tests/train/cli/test_export.py",
                          "tests/train/cli/test_generate.py",
                          "tests/train/cli/test_generate_progress.py",
-                         "tests/train/core/test_evaluate_documents.py"),
+                         "tests/train/core/test_evaluate_documents.py",
+                         "tests/train/experiments/test_long_eval.py"),
 }
 SCHEDULING_UNITS = {**{module: module for module in SHARED_FIXTURE_MODULES},
                     **{module: fixture for fixture, modules in SHARED_SESSION_FIXTURES.items()

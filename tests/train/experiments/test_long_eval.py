@@ -122,25 +122,12 @@ def test_a_cells_samples_do_not_depend_on_the_other_cells():
 
 
 @pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory):
-    from train.cli.entry import main
+def tiny_run(tiny_trained_run, tmp_path_factory):
+    """A copy of the session's tiny run (tests/train/tiny_run.py: 2 steps at data.seq_len=16,
+    its corpus beside the run directory, never around it)."""
+    from tests.train.tiny_run import copy_run
 
-    root = tmp_path_factory.mktemp("long")
-    corpus = root / "corpus"          # beside the run directory, never around it
-    corpus.mkdir()
-    rng = np.random.default_rng(11)
-    words = ["def", "return", "x", "y", "(", ")", ":", "=", "+", "1", "\n", "    "]
-    for index in range(12):
-        (corpus / f"doc_{index:02d}.py").write_text(
-            " ".join(rng.choice(words, size=int(rng.integers(40, 120)))))
-    run_dir = root / "run"
-    overrides = ["model.d_model=16", "model.num_layers=1", "attention.num_heads=2",
-                 "attention.head_dim=8", "data.seq_len=16", "data.batch_size=2",
-                 "data.heldout_fraction=0.2", "optim.warmup_steps=1", "train.steps=3",
-                 "train.log_every=1", "train.eval_batches=1", "train.eval_every=0",
-                 "train.position_buckets=2", "train.tensorboard=false", f"data.source={corpus}"]
-    assert main(["fit", "tiny_softmax", *overrides, "--run-dir", str(run_dir)]) == 0
-    return run_dir
+    return copy_run(tiny_trained_run, tmp_path_factory.mktemp("long") / "run")
 
 
 def test_suite_long_writes_every_cell_and_a_heatmap_per_task(tiny_run, tmp_path, capsys):
@@ -152,7 +139,7 @@ def test_suite_long_writes_every_cell_and_a_heatmap_per_task(tiny_run, tmp_path,
     printed = capsys.readouterr().out
     assert "passkey" in printed and "per-position held-out loss at 64 tokens" in printed
     result = json.loads((out / "long_eval.json").read_text())
-    assert result["step"] == 3 and result["train_seq_len"] == 16
+    assert result["step"] == 2 and result["train_seq_len"] == 16
     for task in TASKS:
         cell = result[task]
         assert cell["lengths"] == [110, 400] and cell["depths"] == [0.0, 1.0]
