@@ -8,7 +8,6 @@ values, final state and gradients of every input.
 import textwrap
 
 import jax.numpy as jnp
-import numpy as np
 import pytest
 
 from gdn_jax.ops.context_parallel import context_parallel_gated_delta_rule
