@@ -21,6 +21,7 @@ import pytest
 
 import train.core.session
 from tests.train import tiny_run
+from tests.train.overflowing_update import overflow_parameters_after
 from train.cli import EXIT_DIVERGED, EXIT_PREEMPTED
 from train.cli.entry import main
 from train.core.metrics import read_metrics
@@ -312,19 +313,7 @@ def test_an_update_that_overflows_the_parameters_is_never_checkpointed(
         tmp_path, corpus, capsys, monkeypatch):
     """Step 3's update makes the parameters inf while its loss and gradients are finite: with a
     checkpoint every step and one kept, the good step-2 checkpoint must stay."""
-    original = train.core.session.make_train_step
-
-    def make_train_step(*args):
-        step_fn = original(*args)
-
-        def overflowing(state, batch):
-            new_state, metrics = step_fn(state, batch)
-            blow_up = lambda x: jnp.where(state["step"] == 2, jnp.inf, x)
-            return {**new_state, "params": jax.tree.map(blow_up, new_state["params"])}, metrics
-
-        return overflowing
-
-    monkeypatch.setattr(train.core.session, "make_train_step", make_train_step)
+    overflow_parameters_after(monkeypatch, 2)
     run_dir = tmp_path / "run"
     argv = ["fit", "tiny_softmax", *overrides(corpus, "train.steps=5", "train.checkpoint_every=1",
                                                 "train.keep_checkpoints=1"),

@@ -15,6 +15,7 @@ import pytest
 
 from tests.seeds import case_seed
 from tests.train import tiny_run
+from tests.train.overflowing_update import overflow_parameters_after
 from train.core.presets import load_config
 from train.core.session import (RangeCheckError, all_finite, build_session, guard_nonfinite,
                                 local_batch_size, raise_range_errors)
@@ -200,23 +201,10 @@ def test_fit_stops_when_an_update_makes_the_parameters_non_finite(
     """Step 4's update makes the parameters inf while every step's loss and gradient norm stay
     finite: the check before the step-4 save stops the run in both modes (skip cannot undo an
     applied update), naming steps 3-4 and checkpoint 2, and nothing after step 2 is saved."""
-    import train.core.session
     from train.core.fit import DivergenceError, fit
     from train.core.runs import checkpoint_steps
 
-    original = train.core.session.make_train_step
-
-    def make_train_step(*args):
-        step_fn = original(*args)
-
-        def overflowing(state, batch):
-            new_state, metrics = step_fn(state, batch)
-            blow_up = lambda x: jnp.where(state["step"] == 3, jnp.inf, x)
-            return {**new_state, "params": jax.tree.map(blow_up, new_state["params"])}, metrics
-
-        return overflowing
-
-    monkeypatch.setattr(train.core.session, "make_train_step", make_train_step)
+    overflow_parameters_after(monkeypatch, 3)
     for mode in ("skip", "stop"):
         run_dir = tmp_path / mode
         config = load_config("tiny_softmax", [
