@@ -262,6 +262,19 @@ def _probs_during_dp(probs_of, lhs, rhs, d_lhs, d_rhs, shape):
     return p, extra, dp
 
 
+def _probs_and_dp(cfg, overlap, probs_of, score_operands, dp_operands, shape, use_probs=None):
+    """(p, extra, dP, use_probs(p)) of one tile. Sequential: the scores' matmul (with
+    content), (p, extra) = probs_of(scores), use_probs(p) (dk/dv: dv's matmul), then dP's
+    matmul. Overlapped (overlap and content): `_probs_during_dp`, then use_probs(p)."""
+    use_probs = use_probs or (lambda p: None)
+    if cfg.content and overlap:
+        p, extra, dp = _probs_during_dp(probs_of, *score_operands, *dp_operands, shape)
+        return p, extra, dp, use_probs(p)
+    p, extra = probs_of(_matmul(*score_operands, shape) if cfg.content else None)
+    used = use_probs(p)
+    return p, extra, _matmul(*dp_operands, shape), used
+
+
 def _accumulate(cfg, acc, lhs, lhs_smem, rhs_smem, during=None, state=()):
     """(acc + lhs @ rhs_smem, during(state)): lhs a float32 tile in registers, cast to the
     input dtype; during (elementwise work on other values, returning a tuple like state) runs
@@ -663,18 +676,10 @@ def dkv_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
                                              field_work=field_work, diag_rows=diag_rows,
                                              diag_cols=diag_cols, gap_min=gap_min)
 
-                dp_operands = (v_s, do_s.at[slot].transpose((1, 0)))
-                if cfg.content and cfg.overlap_dkv:
-                    p, extra, dp = _probs_during_dp(probs_of, k_s, q_s.at[slot].transpose((1, 0)),
-                                                    *dp_operands, (n, n))
-                    dv, _ = _accumulate(cfg, dv, p, p_s, do_s.at[slot])
-                else:
-                    scores = None
-                    if cfg.content:
-                        scores = _matmul(k_s, q_s.at[slot].transpose((1, 0)), (n, n))
-                    p, extra = probs_of(scores)
-                    dv, _ = _accumulate(cfg, dv, p, p_s, do_s.at[slot])
-                    dp = _matmul(*dp_operands, (n, n))
+                p, extra, dp, dv = _probs_and_dp(
+                    cfg, cfg.overlap_dkv, probs_of, (k_s, q_s.at[slot].transpose((1, 0))),
+                    (v_s, do_s.at[slot].transpose((1, 0))), (n, n),
+                    lambda p: _accumulate(cfg, dv, p, p_s, do_s.at[slot])[0])
                 ds = p * (dp - tile.row("delta"))
 
                 def column_sums(col_acc):  # during dk's matmul
@@ -865,16 +870,9 @@ def dq_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
                                              field_work=field_work, diag_rows=diag_rows,
                                              diag_cols=diag_cols, gap_min=gap_min)
 
-                dp_operands = (do_s, v_s.at[slot].transpose((1, 0)))
-                if cfg.content and cfg.overlap_dq:
-                    p, extra, dp = _probs_during_dp(probs_of, q_s, k_s.at[slot].transpose((1, 0)),
-                                                    *dp_operands, (n, n))
-                else:
-                    scores = None
-                    if cfg.content:
-                        scores = _matmul(q_s, k_s.at[slot].transpose((1, 0)), (n, n))
-                    p, extra = probs_of(scores)
-                    dp = _matmul(*dp_operands, (n, n))
+                p, extra, dp, _ = _probs_and_dp(
+                    cfg, cfg.overlap_dq, probs_of, (q_s, k_s.at[slot].transpose((1, 0))),
+                    (do_s, v_s.at[slot].transpose((1, 0))), (n, n))
                 ds = p * (dp - tile.row("delta"))
 
                 def row_sums(row_acc):  # during dq's matmul
