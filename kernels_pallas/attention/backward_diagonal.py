@@ -19,9 +19,9 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from kernels_pallas.attention.backward_kernels import (KernelConfig, _matmul, _smem_tile,
-                                                       _Tile, _Vectors, packed_rows)
+from kernels_pallas.attention.backward_kernels import KernelConfig, _Tile, _Vectors, packed_rows
 from kernels_pallas.attention.common import COMPILER_PARAMS
+from kernels_pallas.mosaic_gpu import matmul, swizzled_smem
 
 
 def diagonal_shares_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
@@ -58,13 +58,13 @@ def diagonal_shares_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, c
         tile = _Tile(cfg, 0, rows, cols, beta_value)
         scores = None
         if cfg.content:
-            scores = _matmul(q_s, k_s.transpose((1, 0)), (n, n))
+            scores = matmul(q_s, k_s.transpose((1, 0)), (n, n))
         pair_levels = tile.pair_levels()
         suf = tile.level_pieces(pair_levels, diag_cols, "suf")
         pre = tile.level_pieces(pair_levels, diag_rows, "pre")
         logits, extra = tile.logits_and_bias(scores, True, range_min=jnp.minimum(suf, pre))
         p = tile.probs(logits, tile.mask(True))
-        dp = _matmul(do_s, v_s.transpose((1, 0)), (n, n))
+        dp = matmul(do_s, v_s.transpose((1, 0)), (n, n))
         coef, _ = tile.dead_coef(p * (dp - tile.row("delta")), extra["gap"]())
         key_sums, query_sums = tile.diagonal_shares(coef, pair_levels, suf, pre, diag_rows,
                                                     diag_cols)
@@ -76,8 +76,8 @@ def diagonal_shares_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, c
 
     dtype = q.dtype
     scratch = [
-        _smem_tile(n, head_dim, dtype), _smem_tile(n, head_dim, dtype),
-        _smem_tile(n, head_dim, dtype), _smem_tile(n, head_dim, dtype),
+        swizzled_smem((n, head_dim), dtype), swizzled_smem((n, head_dim), dtype),
+        swizzled_smem((n, head_dim), dtype), swizzled_smem((n, head_dim), dtype),
         plgpu.SMEM((packed_rows(row_names), n), jnp.float32),
         plgpu.SMEM((packed_rows(col_names), n), jnp.float32),
         plgpu.SMEM((2 * levels, n), jnp.float32),

@@ -54,6 +54,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from kernels_pallas.attention.common import BIG, COMPILER_PARAMS, no_dead_floor, reciprocal
 from kernels_pallas.attention.common import decay as _decay
+from kernels_pallas.mosaic_gpu import matmul, swizzled_smem
 
 BLOCK = 64
 # Pack rows read as vectors along a tile axis; every other name is a per-block scalar, and a
@@ -151,12 +152,6 @@ class KernelConfig:
         return []
 
 
-def _smem_tile(rows, cols, dtype):
-    bits = jnp.dtype(dtype).itemsize * 8
-    transforms = (plgpu.TilingTransform((8, 1024 // bits)), plgpu.SwizzleTransform(128))
-    return plgpu.SMEM((rows, cols), dtype, transforms=transforms)
-
-
 def pack_layout(names):
     """(vector rows, scalars) of a pack holding `names`: the vectors' rows come first, then
     (if any scalars) one row with the block's scalars at lanes 0, 1, ..."""
@@ -229,13 +224,6 @@ def _by_path(compute, path):
                                   compute, state)
 
 
-def _matmul(a_smem, b_smem, shape):
-    def body(acc):
-        plgpu.wgmma(acc, a_smem, b_smem)
-        return acc[...]
-    return pl.run_scoped(body, plgpu.ACC(shape, jnp.float32))
-
-
 def _probs_during_dp(probs_of, lhs, rhs, d_lhs, d_rhs, shape):
     """(p, extra, dP): the scores' matmul lhs @ rhs and dP's, d_lhs @ d_rhs, issued together;
     (p, extra) = probs_of(scores) runs while dP's matmul is in flight (it holds a second
@@ -270,9 +258,9 @@ def _probs_and_dp(cfg, overlap, probs_of, score_operands, dp_operands, shape, us
     if cfg.content and overlap:
         p, extra, dp = _probs_during_dp(probs_of, *score_operands, *dp_operands, shape)
         return p, extra, dp, use_probs(p)
-    p, extra = probs_of(_matmul(*score_operands, shape) if cfg.content else None)
+    p, extra = probs_of(matmul(*score_operands, shape) if cfg.content else None)
     used = use_probs(p)
-    return p, extra, _matmul(*dp_operands, shape), used
+    return p, extra, matmul(*dp_operands, shape), used
 
 
 def _accumulate(cfg, acc, lhs, lhs_smem, rhs_smem, during=None, state=()):
@@ -289,7 +277,7 @@ def _accumulate(cfg, acc, lhs, lhs_smem, rhs_smem, during=None, state=()):
     if not cfg.lhs_in_registers:
         lhs_smem[...] = lhs.astype(lhs_smem.dtype)
         plgpu.commit_smem()
-        acc = acc + _matmul(lhs_smem, rhs_smem, acc.shape)
+        acc = acc + matmul(lhs_smem, rhs_smem, acc.shape)
         return acc, (tuple(state) if during is None else during(tuple(state)))
     operand = lhs.astype(rhs_smem.dtype)
     if during is None:
@@ -738,15 +726,15 @@ def dkv_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
 
     dtype = q.dtype
     scratch = [
-        _smem_tile(n, head_dim, dtype), _smem_tile(n, head_dim, dtype),
-        plgpu.SMEM((2, n, head_dim), dtype, transforms=_smem_tile(n, head_dim, dtype).transforms),
-        plgpu.SMEM((2, n, head_dim), dtype, transforms=_smem_tile(n, head_dim, dtype).transforms),
+        swizzled_smem((n, head_dim), dtype), swizzled_smem((n, head_dim), dtype),
+        plgpu.SMEM((2, n, head_dim), dtype, transforms=swizzled_smem((n, head_dim), dtype).transforms),
+        plgpu.SMEM((2, n, head_dim), dtype, transforms=swizzled_smem((n, head_dim), dtype).transforms),
         plgpu.SMEM((2, packed_rows(row_names), n), jnp.float32),
         plgpu.SMEM((packed_rows(col_names), n), jnp.float32),
         plgpu.SMEM((levels, n), jnp.float32) if fpa else None,
         plgpu.SMEM((levels, n), jnp.float32) if fpa else None,
         plgpu.SMEM((1, n), jnp.float32) if fpa else None,
-        *(None if cfg.lhs_in_registers else _smem_tile(n, n, dtype) for _ in range(2)),
+        *(None if cfg.lhs_in_registers else swizzled_smem((n, n), dtype) for _ in range(2)),
         plgpu.SMEM((max(len(out_names), 1), n), jnp.float32),
         plgpu.SMEM((chunks, n), jnp.float32) if fpa else None,
         plgpu.Barrier(num_barriers=12),
@@ -931,9 +919,9 @@ def dq_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
         plgpu.wait_smem_to_gmem(0)
 
     dtype = q.dtype
-    tile_transforms = _smem_tile(n, head_dim, dtype).transforms
+    tile_transforms = swizzled_smem((n, head_dim), dtype).transforms
     scratch = [
-        _smem_tile(n, head_dim, dtype), _smem_tile(n, head_dim, dtype),
+        swizzled_smem((n, head_dim), dtype), swizzled_smem((n, head_dim), dtype),
         plgpu.SMEM((2, n, head_dim), dtype, transforms=tile_transforms),
         plgpu.SMEM((2, n, head_dim), dtype, transforms=tile_transforms),
         plgpu.SMEM((packed_rows(row_names), n), jnp.float32),
@@ -941,7 +929,7 @@ def dq_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
         plgpu.SMEM((levels, n), jnp.float32) if fpa else None,
         plgpu.SMEM((levels, n), jnp.float32) if fpa else None,
         plgpu.SMEM((1, n), jnp.float32) if fpa else None,
-        None if cfg.lhs_in_registers else _smem_tile(n, n, dtype),
+        None if cfg.lhs_in_registers else swizzled_smem((n, n), dtype),
         plgpu.SMEM((max(len(out_names), 1), n), jnp.float32),
         plgpu.Barrier(num_barriers=12),
     ]

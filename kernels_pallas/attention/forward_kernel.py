@@ -51,6 +51,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from kernels_pallas.attention.common import BIG, COMPILER_PARAMS, no_dead_floor
+from kernels_pallas.mosaic_gpu import matmul, swizzled_smem
 
 BLOCK = 64
 LOG2E = math.log2(math.e)
@@ -106,19 +107,6 @@ class ForwardConfig:
                 names += ["kn"] + ([] if self.query_level else ["kp"])
             return names
         return []
-
-
-def _smem_tile(shape, dtype):
-    bits = jnp.dtype(dtype).itemsize * 8
-    transforms = (plgpu.TilingTransform((8, 1024 // bits)), plgpu.SwizzleTransform(128))
-    return plgpu.SMEM(shape, dtype, transforms=transforms)
-
-
-def _matmul(a_smem, b_smem, shape):
-    def body(acc):
-        plgpu.wgmma(acc, a_smem, b_smem)
-        return acc[...]
-    return pl.run_scoped(body, plgpu.ACC(shape, jnp.float32))
 
 
 class _Pack:
@@ -265,7 +253,7 @@ def forward_kernel(cfg: ForwardConfig, q, k, v, rowp, colp):
                 acc, m, l = state
                 logits = tile_bias(cols, diagonal, gap_min) if biased else None
                 if cfg.content:
-                    scores = (cfg.scale * LOG2E) * _matmul(q_s, k_s.at[slot].transpose((1, 0)), shape)
+                    scores = (cfg.scale * LOG2E) * matmul(q_s, k_s.at[slot].transpose((1, 0)), shape)
                     logits = scores if logits is None else scores + logits
                 elif logits is None:
                     logits = plgpu.layout_cast(jnp.zeros(shape, jnp.float32), plgpu.Layout.WGMMA)
@@ -289,7 +277,7 @@ def forward_kernel(cfg: ForwardConfig, q, k, v, rowp, colp):
                 else:
                     p_s[...] = p.astype(p_s.dtype)
                     plgpu.commit_smem()
-                    acc = acc + _matmul(p_s, v_s.at[slot], (n, head_dim))
+                    acc = acc + matmul(p_s, v_s.at[slot], (n, head_dim))
                 return acc, m_new, l
 
             def skip_tile(cols, gap_min):
@@ -380,19 +368,19 @@ def forward_kernel(cfg: ForwardConfig, q, k, v, rowp, colp):
 
     dtype = q.dtype
     scratch = [
-        _smem_tile((n, head_dim), dtype),
+        swizzled_smem((n, head_dim), dtype),
         plgpu.SMEM((max(len(row_names), 1), n), jnp.float32),
         plgpu.SMEM((n,), jnp.float32),
         plgpu.Barrier(num_barriers=9),
     ]
     # scoped: the sweep's buffers, then in the same shared memory the epilogue's staging
-    sweep_scratch = [_smem_tile((2, n, head_dim), dtype), _smem_tile((2, n, head_dim), dtype),
+    sweep_scratch = [swizzled_smem((2, n, head_dim), dtype), swizzled_smem((2, n, head_dim), dtype),
                      plgpu.SMEM((3, ncols, n), jnp.float32)]
     if not cfg.p_in_registers:
-        sweep_scratch.append(_smem_tile((n, n), dtype))
+        sweep_scratch.append(swizzled_smem((n, n), dtype))
     epilogue_scratch = {}
     if cfg.float32_out:
-        epilogue_scratch["out32_s"] = _smem_tile((n, head_dim), jnp.float32)
+        epilogue_scratch["out32_s"] = swizzled_smem((n, head_dim), jnp.float32)
     if cfg.count_pruned:
         epilogue_scratch["count_s"] = plgpu.SMEM((n,), jnp.float32)
     body.__name__ = f"attention_forward_{cfg.mode}"  # the kernel's name in profiles

@@ -1,30 +1,9 @@
-"""Constants and helpers shared by the gated delta rule's kernels (and the short convolution's).
+"""Constants shared by the gated delta rule's kernels (their Mosaic GPU helpers:
+kernels_pallas/mosaic_gpu.py).
 
     SMEM_BYTES           an H200 block's shared memory (227 KiB)
     SUPPORTED_DIMS       key / value head dims the kernels are built for
-    swizzled_smem(...)   an SMEM buffer type, tiled and swizzled for TMA and wgmma
-    matmul(a, b, shape)  a @ b on the tensor cores, float32 result
 """
-
-import jax.numpy as jnp
-from jax.experimental import pallas as pl
-from jax.experimental.pallas import mosaic_gpu as plgpu
 
 SMEM_BYTES = 232448
 SUPPORTED_DIMS = (64, 128, 256)
-
-
-def swizzled_smem(shape, dtype, swizzle=128):
-    """SMEM buffer type, swizzled by `swizzle` bytes or the minor dimension if narrower."""
-    itemsize = jnp.dtype(dtype).itemsize
-    swizzle = min(swizzle, shape[-1] * itemsize)
-    transforms = (plgpu.TilingTransform((8, swizzle // itemsize)), plgpu.SwizzleTransform(swizzle))
-    return plgpu.SMEM(shape, dtype, transforms=transforms)
-
-
-def matmul(a, b, shape):
-    """a @ b on the tensor cores (refs in SMEM; a may be a transposed view), float32 result."""
-    def body(acc):
-        plgpu.wgmma(acc, a, b)
-        return acc[...]
-    return pl.run_scoped(body, plgpu.ACC(shape, jnp.float32))

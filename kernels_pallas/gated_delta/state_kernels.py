@@ -31,7 +31,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from kernels_pallas.gated_delta.common import SMEM_BYTES, SUPPORTED_DIMS, matmul, swizzled_smem
+from kernels_pallas.gated_delta.common import SMEM_BYTES, SUPPORTED_DIMS
+from kernels_pallas.mosaic_gpu import matmul, swizzled_smem
 
 
 

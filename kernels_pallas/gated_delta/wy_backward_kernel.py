@@ -45,7 +45,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from kernels_pallas.gated_delta import wy, wy_kernel
-from kernels_pallas.gated_delta.common import SMEM_BYTES, matmul, swizzled_smem
+from kernels_pallas.gated_delta.common import SMEM_BYTES
+from kernels_pallas.mosaic_gpu import matmul, swizzled_smem
 
 CHUNK = wy_kernel.CHUNK
 

@@ -27,7 +27,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from kernels_pallas.gated_delta.common import swizzled_smem
+from kernels_pallas.mosaic_gpu import swizzled_smem
 
 PAD = 8              # front padding of x and the ids; taps W <= PAD + 1
 BLOCK = 64           # rows per program

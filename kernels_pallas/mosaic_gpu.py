@@ -1,0 +1,26 @@
+"""Mosaic GPU building blocks shared by every kernel family (attention, gated delta rule,
+short convolution).
+
+    swizzled_smem(shape, dtype)   an SMEM buffer type, tiled and swizzled for TMA and wgmma
+    matmul(a, b, shape)           a @ b on the tensor cores, float32 result
+"""
+
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+
+def swizzled_smem(shape, dtype, swizzle=128):
+    """SMEM buffer type, swizzled by `swizzle` bytes or the minor dimension if narrower."""
+    itemsize = jnp.dtype(dtype).itemsize
+    swizzle = min(swizzle, shape[-1] * itemsize)
+    transforms = (plgpu.TilingTransform((8, swizzle // itemsize)), plgpu.SwizzleTransform(swizzle))
+    return plgpu.SMEM(shape, dtype, transforms=transforms)
+
+
+def matmul(a, b, shape):
+    """a @ b on the tensor cores (refs in SMEM; a may be a transposed view), float32 result."""
+    def body(acc):
+        plgpu.wgmma(acc, a, b)
+        return acc[...]
+    return pl.run_scoped(body, plgpu.ACC(shape, jnp.float32))
