@@ -21,9 +21,9 @@ def _inputs(seed, batch, length, channels, width, dtype, documents):
     x = jnp.asarray(rng.standard_normal((batch, length, channels)), dtype)
     kernel = jnp.asarray(rng.uniform(-0.5, 0.5, (width, channels)), jnp.float32)
     segment_ids = None
-    if documents:
+    if documents:   # ids above 2^24, where float32 cannot tell neighbours apart
         starts = rng.random((batch, length)) < 0.08
-        segment_ids = jnp.asarray(np.cumsum(starts, axis=1), jnp.int32)
+        segment_ids = jnp.asarray(2**24 + np.cumsum(starts, axis=1), jnp.int32)
     return x, kernel, segment_ids
 
 
