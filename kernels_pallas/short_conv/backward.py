@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from kernels_pallas import shard
+from kernels_pallas.attention.forward import document_start_index
 from kernels_pallas.padding import pad_time
 from kernels_pallas.short_conv.backward_kernel import BLOCK, PAD, conv_backward
 
@@ -41,11 +42,10 @@ def conv_backward_pass(x, kernel, segment_ids, dy, *, normalize_heads, eps):
     dim = head_width(channels, normalize_heads)
     heads = channels // dim
     rows = -(-length // BLOCK) * BLOCK
-    # documents numbered 0, 1, ... along each row (contiguous ids, as the layer's contract
-    # says): exact in float32 whatever the ids' magnitude (2^24 + 1 would round to 2^24)
+    # each position's document start (contiguous ids, as the layer's contract says), as the
+    # attention kernels label documents: exact in float32 whatever the ids' magnitude
     ids = (jnp.zeros((batch, length), jnp.float32) if segment_ids is None
-           else jnp.cumsum(jnp.pad(segment_ids[:, 1:] != segment_ids[:, :-1], ((0, 0), (1, 0))),
-                           axis=1, dtype=jnp.float32))
+           else document_start_index(segment_ids, length))
     xp = jnp.pad(x, ((0, 0), (PAD, rows - length), (0, 0))).reshape(batch, PAD + rows, heads, dim)
     idsp = jnp.pad(ids, ((0, 0), (PAD, rows - length)), constant_values=-1.0)
     dyp = pad_time(dy.reshape(batch, length, heads, dim).astype(x.dtype), rows)
