@@ -33,7 +33,10 @@ dt = exp(U(log 1e-3, log 0.1)) clamped below at 1e-4, dt_bias = softplus^{-1}(dt
 rule is position-free. `implementation` is checked at init against `gdn_jax.ops.api.REGISTRY`.
 
 Decoding cache (`init_cache`): conv states {q,k,v}_conv [B, conv_size - 1, channels] (the last
-inputs to each convolution) and the recurrent state [B, HV, K, V] float32.
+inputs to each convolution) and the recurrent state [B, HV, K, V] float32. `prefill(x)` runs
+the chunked parallel form on one document per row and returns its output with the cache after
+its last token (conv histories: the last conv_size - 1 projections, zeros before t = 0; state:
+the op's final state); `step(x_t, cache)` advances it by one token with the recurrent form.
 """
 
 from typing import Any
@@ -60,6 +63,12 @@ def gated_rms_norm(x: jax.Array, z: jax.Array, scale: jax.Array, eps: float,
     x32 = x.astype(jnp.float32)
     normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
     return (normed * scale.astype(jnp.float32) * nn.silu(z.astype(jnp.float32))).astype(dtype)
+
+
+def _history(inputs: jax.Array, size: int) -> jax.Array:
+    """The last `size` rows of inputs [B, T, C] along T, zero-padded in front when T < size."""
+    padded = jnp.pad(inputs, ((0, 0), (max(size - inputs.shape[1], 0), 0), (0, 0)))
+    return padded[:, padded.shape[1] - size:]
 
 
 def _a_log_init(key, shape, dtype=jnp.float32):
@@ -296,6 +305,27 @@ class GatedDeltaNet(nn.Module):
         return {"q_conv": (batch_size, history, key_width), "k_conv": (batch_size, history, key_width),
                 "v_conv": (batch_size, history, value_width),
                 "state": (batch_size, self.value_heads, self.head_dim, self.value_head_dim)}
+
+    def prefill(self, x: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
+        """x [B, T, D], one document per row -> (y [B, T, D] of the parallel form, the cache of
+        `init_cache` after token T - 1)."""
+        self._check_inputs(x, None)
+        x = x.astype(self.dtype)
+        projected = {"q_conv": self.q_proj(x), "k_conv": self.k_proj(x), "v_conv": self.v_proj(x)}
+        q = l2_normalize(self._split_heads(self.q_conv(projected["q_conv"]), self.num_heads,
+                                           self.head_dim))
+        k = l2_normalize(self._split_heads(self.k_conv(projected["k_conv"]), self.num_heads,
+                                           self.head_dim))
+        v = self._split_heads(self.v_conv(projected["v_conv"]), self.value_heads,
+                              self.value_head_dim)
+        z = self._split_heads(self.z_proj(x), self.value_heads, self.value_head_dim)
+        g, beta = self._gates(x)
+        o, state = gated_delta_rule(q, k, v, g, beta, chunk_size=self.chunk_size,
+                                    output_final_state=True, implementation=self.implementation)
+        cache = self.init_cache(x.shape[0])
+        cache = {name: _history(value, self.conv_size - 1).astype(cache[name].dtype)
+                 for name, value in projected.items()} | {"state": state}
+        return self._readout(o, z, x.shape[-1]), cache
 
     def init_cache(self, batch_size: int, dtype: Any = None) -> dict[str, jax.Array]:
         """Empty decoding cache: conv histories in `dtype` (default self.dtype), state float32."""

@@ -1,0 +1,28 @@
+"""GatedDeltaNet.prefill: the parallel forward's output and a cache from which `step` goes on
+as the parallel forward over the longer sequence would."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from gdn_jax import GatedDeltaNet
+from tests.seeds import case_seed
+
+MODULE = GatedDeltaNet(num_heads=2, head_dim=4, num_v_heads=4, v_head_dim=3, conv_size=4,
+                       chunk_size=8, implementation="reference")
+
+
+def test_prefill_then_steps_reproduce_the_parallel_forward():
+    seed = case_seed(1)
+    x = jax.random.normal(jax.random.PRNGKey(seed), (2, 11, 10))
+    variables = MODULE.init(jax.random.PRNGKey(seed + 1), x)
+    full = MODULE.apply(variables, x)
+    for prefix in (2, 7):       # shorter and longer than the conv history (conv_size - 1 = 3)
+        y, cache = MODULE.apply(variables, x[:, :prefix], method="prefill")
+        assert jax.tree.map(jnp.shape, cache) == jax.tree.map(jnp.shape, MODULE.init_cache(2))
+        stepped = [y]
+        for t in range(prefix, x.shape[1]):
+            y_t, cache = MODULE.apply(variables, x[:, t], cache, method="step")
+            stepped.append(y_t[:, None])
+        np.testing.assert_allclose(jnp.concatenate(stepped, axis=1), full, atol=1e-5, rtol=1e-5,
+                                   err_msg=f"prefix {prefix}, seed {seed}")
