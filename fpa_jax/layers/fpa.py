@@ -31,6 +31,13 @@ from kernels_pallas import context_shard, shard
 Dtype = Any
 
 
+def fpa_op_name(*, use_bias: bool, dip_sum: bool) -> str:
+    """The op an FPAAttention with these fields calls (plain softmax attention without bias)."""
+    if not use_bias:
+        return "softmax_attention"
+    return "dipsum_attention" if dip_sum else "fpa_attention"
+
+
 class FPAAttention(nn.Module):
     """Causal attention with the FPA field/level path-minimum bias (no positional encoding).
 
@@ -92,9 +99,7 @@ class FPAAttention(nn.Module):
     @property
     def op_name(self) -> str:
         """The op this layer calls; `implementation` is checked against its registry."""
-        if not self.use_bias:
-            return "softmax_attention"
-        return "dipsum_attention" if self.dip_sum else "fpa_attention"
+        return fpa_op_name(use_bias=self.use_bias, dip_sum=self.dip_sum)
 
     def _check_config(self) -> None:
         layer = type(self).__name__

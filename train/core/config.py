@@ -4,6 +4,7 @@ data, optim, mesh, train, cpt), their defaults and the names they allow.
 Layer pattern: `model.pattern` is a string over {A, G} (A = the configured attention variant,
 G = GatedDeltaNet) whose length divides `model.num_layers`; it is tiled to one letter per layer.
 
+The attention kinds, and what each allows, are the mixer table's (train/core/mixers.py).
 Presets and overrides become a Config in train/core/presets.py; train/core/validation.py
 refuses impossible combinations.
 """
@@ -14,22 +15,19 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-ATTENTION_KINDS = ("fpa", "fox", "softmax", "selective", "dcp")
-POSITIONS_BY_KIND = {
-    "fpa": ("nope",),
-    "fox": ("nope",),
-    "dcp": ("nope",),
-    "softmax": ("rope", "nope", "alibi"),
-    "selective": ("rope", "nope"),
-}
 MIXER_LETTERS = {"A": "attention", "G": "gdn"}
 CPT_POSITIONS = ("keep", "abf", "yarn", "drope")   # train/experiments/cpt.py extended_attention
-CONTEXT_PARALLEL_KINDS = ("fpa", "fox", "softmax")  # attention with a ring path (mesh.context > 1)
 DTYPES = ("float32", "bfloat16")
 
 
 class ConfigError(ValueError):
     """A configuration that cannot run: unknown key, wrong type or impossible combination."""
+
+
+def require(condition: bool, message: str) -> None:
+    """ConfigError(message) unless `condition`."""
+    if not condition:
+        raise ConfigError(message)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -9,9 +9,9 @@ out-of-memory errors.
                           / (data * fsdp * context)      (context: mesh.context, time split)
                  a = c * (sum over layers of w_layer) + 2 * V * 4         bytes per token
                  w_layer = 4 d + (|q| + |k| + |v| + |out|) + 2 mlp   (the values one block
-                 keeps for its backward: norms, residuals, the mixer's q/k/v/output (4 H Dh
-                 for attention; for GDN 4 H K + 5 HV V and its chunk states, `_gdn_width`),
-                 MLP hidden), or d with model.remat
+                 keeps for its backward: norms, residuals, the mixer's q/k/v/output (its
+                 kind's `MixerSpec.width`, train/core/mixers.py: 4 H Dh for attention; for
+                 GDN 4 H K + 5 HV V and its chunk states), MLP hidden), or d with model.remat
                  (only the block input; one block's w_layer is live while it recomputes);
                  with context > 1 an attention layer adds (context - 1) 2 H Dh: its ring's
                  backward keeps the key and value blocks received from the other context - 1
@@ -56,11 +56,11 @@ import jax
 import numpy as np
 
 from train.core.config import Config
+from train.core.mixers import MIXERS, layer_kinds
 from train.core.model import resolve_vocab_size
 
 GIB = 2**30
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
-GDN_CHUNK = 64                # the delta rule's chunk (gdn_jax chunk_size, the kernels' C)
 
 
 class DeviceMemoryError(RuntimeError):
@@ -123,24 +123,7 @@ def _nbytes(tree) -> int:
 
 
 def _layer_width(config: Config, kind: str, context: int) -> int:
-    if kind == "attention":   # q, k, v, out; with context > 1 the other devices' k, v blocks
-        mixer = (4 + 2 * (context - 1)) * config.attention.num_heads * config.attention.head_dim
-    else:
-        mixer = _gdn_width(config)
-    return 4 * config.model.d_model + mixer + 2 * config.mlp_dim()
-
-
-def _gdn_width(config: Config) -> int:
-    """What a Gated DeltaNet layer keeps for its backward, in compute-dtype values per token
-    (gdn_jax/layer.py; its convolutions and norms are recomputed): the q, k, v projections
-    (the convolutions' inputs), the op's q, k, v, the output gate z, the op's output and the
-    gated norm's output (4 H K + 5 HV V), and the op's chunk-entering states, HV K V float32
-    values per chunk of GDN_CHUNK tokens."""
-    g = config.gdn
-    key_width = g.num_heads * g.head_dim
-    value_heads, value_dim = g.num_v_heads or g.num_heads, g.v_head_dim or g.head_dim
-    states = value_heads * g.head_dim * value_dim * 4 // (GDN_CHUNK * _DTYPE_BYTES[config.model.dtype])
-    return 4 * key_width + 5 * value_heads * value_dim + states
+    return 4 * config.model.d_model + MIXERS[kind].width(config, context) + 2 * config.mlp_dim()
 
 
 def activation_bytes_per_token(config: Config, vocab_size: int, context: int = 1) -> int:
@@ -148,7 +131,7 @@ def activation_bytes_per_token(config: Config, vocab_size: int, context: int = 1
     context: the size of the mesh's context axis."""
     vocab_size = resolve_vocab_size(config, vocab_size)
     compute = _DTYPE_BYTES[config.model.dtype]
-    widths = [_layer_width(config, kind, context) for kind in config.layer_kinds()]
+    widths = [_layer_width(config, kind, context) for kind in layer_kinds(config)]
     if config.model.remat:
         kept = config.model.d_model * len(widths) + max(widths)
     else:

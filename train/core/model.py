@@ -25,9 +25,8 @@ import jax
 import jax.numpy as jnp
 
 from fpa_jax import layers
-from fpa_jax.baselines.rope_scaling import YarnScaling
-from gdn_jax.layer import GatedDeltaNet
 from train.core.config import Config
+from train.core.mixers import layer_spec
 from train.core.moe import MoEFeedForward
 from train.core.sharding import activation_rules
 
@@ -56,37 +55,14 @@ def positions_within_documents(segment_ids: jax.Array) -> jax.Array:
 
 
 def build_mixer(config: Config, layer_index: int, name: str | None) -> nn.Module:
-    """The sequence mixer of layer `layer_index` (attention variant or GatedDeltaNet).
+    """The sequence mixer of layer `layer_index`, built by its kind's spec (train/core/mixers.py).
 
     Every mixer is called as mixer(x, *, segment_ids, positions) and names the op it calls
     (`op_name`), whose registry checks its `implementation`.
     """
-    dtype, param_dtype = _dtype(config.model.dtype), _dtype(config.model.param_dtype)
-    if config.layer_kinds()[layer_index] == "gdn":
-        g = config.gdn
-        return GatedDeltaNet(num_heads=g.num_heads, head_dim=g.head_dim,
-                             num_v_heads=g.num_v_heads or None, v_head_dim=g.v_head_dim or None,
-                             conv_size=g.conv_size, norm_eps=config.model.norm_eps, dtype=dtype,
-                             param_dtype=param_dtype, implementation=g.implementation, name=name)
-    a = config.attention
-    common = dict(num_heads=a.num_heads, head_dim=a.head_dim, dtype=dtype,
-                  param_dtype=param_dtype, implementation=a.implementation, name=name)
-    if a.kind == "fpa":
-        return layers.FPAAttention(stack_form=a.stack_form, key_level=a.key_level,
-                                   query_level=a.query_level, content=a.content,
-                                   dip_sum=a.dip_sum, tau=a.tau,
-                                   use_bias=layer_index not in a.no_bias_layers, **common)
-    if a.kind == "fox":
-        return layers.FoXAttention(**common)
-    if a.kind == "softmax":
-        scaling = YarnScaling(a.yarn_factor, a.yarn_original_length) if a.yarn_factor else None
-        return layers.SoftmaxAttention(position=a.position, rope_base=a.rope_base,
-                                       rope_scaling=scaling, **common)
-    if a.kind == "selective":
-        return layers.SelectiveAttention(position=a.position, rope_base=a.rope_base, **common)
-    if a.kind == "dcp":
-        return layers.DCPAttention(**common)
-    raise ValueError(f"attention.kind: unknown {a.kind!r}")
+    return layer_spec(config, layer_index).build(
+        config, layer_index, name=name, dtype=_dtype(config.model.dtype),
+        param_dtype=_dtype(config.model.param_dtype))
 
 
 def rms_norm(eps: float, dtype: Any, param_dtype: Any, name: str) -> nn.RMSNorm:

@@ -2,24 +2,26 @@
 the layers would call, and (`validate_for_devices`) the mesh for a device count. A failure is
 a ConfigError naming the dotted key.
 
+The mixer sections are checked through the mixer table (train/core/mixers.py), without
+building a model: attention.kind must name an attention spec; an attention option that
+another kind owns (`MixerSpec.options`) stays at its default; each configured kind's spec
+checks its own options (`check`, and `check_context` with mesh.context > 1).
+
 Implementations: `attention.implementation` / `gdn.implementation` are checked at load
 against the dispatch registry of the op each layer calls (`fpa_jax.REGISTRIES`,
-`gdn_jax.REGISTRIES`; the layer names its op), so e.g. selective attention with "xla" is
-refused here, not when the model is traced.
+`gdn_jax.REGISTRIES`; the spec names the op, `MixerSpec.op_name`), so e.g. selective
+attention with "xla" is refused here, not when the model is traced.
 """
 
 from __future__ import annotations
 
 from fpa_jax import REGISTRIES as ATTENTION_REGISTRIES
 from gdn_jax import REGISTRIES as GDN_REGISTRIES
-from train.core.config import (ATTENTION_KINDS, CONTEXT_PARALLEL_KINDS, CPT_POSITIONS, DTYPES,
-                               MIXER_LETTERS, POSITIONS_BY_KIND, Config, ConfigError)
-from train.core.model import build_mixer
-
-
-def _require(condition: bool, message: str) -> None:
-    if not condition:
-        raise ConfigError(message)
+from train.core.config import (CPT_POSITIONS, DTYPES, MIXER_LETTERS, AttentionConfig, Config,
+                               ConfigError)
+from train.core.config import require as _require
+from train.core.mixers import (ATTENTION_KINDS, CONTEXT_PARALLEL_KINDS, MIXERS, configured_kinds,
+                               layer_kinds)
 
 
 def validate(config: Config) -> None:
@@ -75,43 +77,9 @@ def validate(config: Config) -> None:
 
     _require(a.kind in ATTENTION_KINDS,
              f"attention.kind must be one of {ATTENTION_KINDS}, got {a.kind!r}")
-    allowed = POSITIONS_BY_KIND[a.kind]
-    _require(a.position in allowed,
-             f"attention.position={a.position!r} is not available for attention.kind="
-             f"{a.kind!r} (allowed: {allowed})")
-    _require(a.tau > 0, f"attention.tau must be > 0, got {a.tau}")
-    if a.yarn_factor:
-        _require(a.kind == "softmax" and a.position == "rope",
-                 f"attention.yarn_factor needs attention.kind='softmax' with position='rope', "
-                 f"got kind={a.kind!r}, position={a.position!r}")
-        _require(a.yarn_factor >= 1 and a.yarn_original_length >= 1,
-                 f"attention.yarn_factor must be 0 (off) or >= 1 with attention."
-                 f"yarn_original_length >= 1, got {a.yarn_factor} and {a.yarn_original_length}")
-    kinds = config.layer_kinds()
-    fpa_variant_changed = (a.stack_form, a.key_level, a.query_level, a.content, a.dip_sum,
-                           a.tau) != (False, True, False, True, False, 1.0)
-    _require(a.kind == "fpa" or not fpa_variant_changed,
-             f"attention FPA options (stack_form, key_level, query_level, content, dip_sum, tau) "
-             f"only apply to attention.kind='fpa', got kind={a.kind!r}")
-    if a.no_bias_layers:
-        _require(a.kind == "fpa", f"attention.no_bias_layers only applies to attention.kind='fpa', "
-                                  f"got kind={a.kind!r}")
-        _require(a.content, "attention.no_bias_layers with attention.content=false leaves those "
-                            "layers no attention logits (no bias, no q.k)")
-        for index in a.no_bias_layers:
-            _require(0 <= index < m.num_layers,
-                     f"attention.no_bias_layers: layer {index} out of range [0, {m.num_layers})")
-            _require(kinds[index] == "attention",
-                     f"attention.no_bias_layers: layer {index} is a {kinds[index]} layer, "
-                     f"not an attention layer (pattern {m.pattern!r})")
-    if "gdn" in kinds:
-        num_v_heads = g.num_v_heads or g.num_heads
-        _require(num_v_heads % g.num_heads == 0,
-                 f"gdn.num_v_heads={num_v_heads} must be a multiple of gdn.num_heads={g.num_heads}")
-    else:
-        _require(o.alpha_lr_scale == 1.0 and not o.freeze_gdn_decay,
-                 "optim.alpha_lr_scale / optim.freeze_gdn_decay need GatedDeltaNet layers "
-                 f"(model.pattern={m.pattern!r} has none)")
+    _check_foreign_options(config)
+    for kind in configured_kinds(config):
+        MIXERS[kind].check(config)
 
     _require(d.source != "", "data.source must not be empty")
     _require(d.shuffle in ("global", "window"),
@@ -149,35 +117,43 @@ def validate(config: Config) -> None:
     validate_implementations(config)
 
 
+def _check_foreign_options(config: Config) -> None:
+    """Attention options that another kind owns keep their defaults."""
+    a, defaults = config.attention, AttentionConfig()
+    for kind in ATTENTION_KINDS:
+        spec = MIXERS[kind]
+        changed = [name for name in spec.options if getattr(a, name) != getattr(defaults, name)]
+        _require(kind == a.kind or not changed,
+                 f"attention.{', attention.'.join(changed)} only appl"
+                 f"{'ies' if len(changed) == 1 else 'y'} to attention.kind={kind!r} "
+                 f"({spec.title} options: {', '.join(spec.options)}), got kind={a.kind!r}")
+
+
 def validate_context_parallel(config: Config) -> None:
     """mesh.context > 1: the sequence splits evenly and every mixer has a context-parallel op."""
-    context, a = config.mesh.context, config.attention
+    context = config.mesh.context
     _require(config.data.seq_len % context == 0,
              f"data.seq_len={config.data.seq_len} must be divisible by mesh.context={context} "
              f"(each device holds seq_len / context tokens)")
-    if "attention" not in config.layer_kinds():
-        return
-    _require(a.kind in CONTEXT_PARALLEL_KINDS,
-             f"mesh.context={context} supports attention.kind in {CONTEXT_PARALLEL_KINDS} "
-             f"(ring attention), got {a.kind!r}")
-    _require(not a.dip_sum, f"mesh.context={context} does not support attention.dip_sum "
-                            f"(a dense-only op)")
-    _require(a.implementation is None,
-             f"attention.implementation={a.implementation!r} must be unset with "
-             f"mesh.context={context} (ring attention has a single XLA path)")
+    for kind in dict.fromkeys(layer_kinds(config)):
+        check = MIXERS[kind].check_context
+        _require(check is not None,
+                 f"mesh.context={context} supports attention.kind in {CONTEXT_PARALLEL_KINDS} "
+                 f"(ring attention), got {kind!r}")
+        check(config)
 
 
 def validate_implementations(config: Config) -> None:
     """Each layer's `implementation` must be registered for the op that layer calls."""
     registries = {**ATTENTION_REGISTRIES, **GDN_REGISTRIES}
-    for index, kind in enumerate(config.layer_kinds()):
-        mixer = build_mixer(config, index, name=None)
+    for index, kind in enumerate(layer_kinds(config)):
+        spec = MIXERS[kind]
+        implementation = getattr(config, spec.section).implementation
         try:
-            registries[mixer.op_name].check_name(mixer.implementation)
+            registries[spec.op_name(config, index)].check_name(implementation)
         except ValueError as error:
-            section = "gdn" if kind == "gdn" else "attention"
-            what = "" if kind == "gdn" else f" with attention.kind={config.attention.kind!r}"
-            raise ConfigError(f"{section}.implementation={mixer.implementation!r}{what} "
+            what = "" if kind == spec.section else f" with {spec.section}.kind={kind!r}"
+            raise ConfigError(f"{spec.section}.implementation={implementation!r}{what} "
                               f"(layer {index}): {error}") from None
 
 

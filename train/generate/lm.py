@@ -9,9 +9,9 @@ Both run the model's blocks with its own submodules' math, layer by layer:
     logits = RMSNorm(x) E^T (tied) or RMSNorm(x) W_out
 
 where mixer_l is the layer's parallel forward in prefill (filling its cache) and its one-token
-step in `step` (train/generate/mixers.py). caches: a tuple, one cache per layer. Both functions
-are pure (jit them; `evict_below` is fixed per Decoder, so shapes stay static). One document
-per row: positions 0, 1, 2, ... from the first prompt token.
+step in `step` (its kind's decoding, train/generate/mixers.py). caches: a tuple, one cache
+per layer. Both functions are pure (jit them; `evict_below` is fixed per Decoder, so shapes
+stay static). One document per row: positions 0, 1, 2, ... from the first prompt token.
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ class Decoder:
         config = model.config
         self.mixers = [build_mixer(config, index, name=None)
                        for index in range(config.model.num_layers)]
-        for mixer in self.mixers:
-            mixers.check_supported(mixer)
+        self.decodings = [mixers.decoding(config, index, mixer)
+                          for index, mixer in enumerate(self.mixers)]
         m = config.model
         self._dtype, self._param_dtype = _dtype(m.dtype), _dtype(m.param_dtype)
         self._norm = rms_norm(m.norm_eps, self._dtype, self._param_dtype, name=None)
@@ -76,10 +76,10 @@ class Decoder:
 
     def prefill(self, params: Any, tokens: jax.Array):
         """tokens [B, T] int -> (logits [B, T, V] float32, caches)."""
-        return self.run(params, tokens, lambda index, mixer, p, h: mixers.prefill(
-            mixer, p, h, evict_below=self.evict_below))
+        return self.run(params, tokens, lambda index, mixer, p, h: self.decodings[
+            index].prefill(mixer, p, h, evict_below=self.evict_below))
 
     def step(self, params: Any, tokens_t: jax.Array, caches: tuple):
         """tokens_t [B] int -> (logits [B, V] float32, caches)."""
-        return self.run(params, tokens_t, lambda index, mixer, p, h: mixers.step(
+        return self.run(params, tokens_t, lambda index, mixer, p, h: self.decodings[index].step(
             mixer, p, h, caches[index], evict_below=self.evict_below))

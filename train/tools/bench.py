@@ -11,7 +11,8 @@
     fit          before compiling, the step's memory estimate is checked against the device's
                  (train/core/memory.py, as `fit` does); XLA's out-of-memory is one DeviceMemoryError
 
-Model FLOPs per token (training = forward + backward = 3 x forward; T = seq_len):
+Model FLOPs per token (training = forward + backward = 3 x forward; T = seq_len; the terms of
+the sequence mixers are their kinds' `MixerSpec.flops`, train/core/mixers.py):
 
     F = 6 * N  +  sum over attention layers  3 * H * (D_qk + D_v) * (T + 1)
                +  sum over GDN layers        3 * HV * (6 * K * V + (2 K + V) * (C + 1))
@@ -53,10 +54,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gdn_jax.layer import GatedDeltaNet
 from train.core.config import Config
 from train.core.memory import (check_fits, device_memory_bytes, estimate_train_memory,
                                out_of_memory_errors)
+from train.core.mixers import MIXERS, layer_kinds
 from train.core.model import count_params, resolve_vocab_size
 from train.core.session import build_session, local_batch_size, to_global
 from train.core.sharding import mesh_context
@@ -65,29 +66,22 @@ from train.tools.profile_trace import event_totals
 
 TIMED_WINDOWS = 2
 
-GDN_CHUNK_SIZE = GatedDeltaNet.chunk_size     # the trainer keeps the layer's default
-
 
 def model_flops_per_token(config: Config, params: int, vocab_size: int) -> dict[str, float]:
     """The terms of F (module doc) for `config` with `params` parameters and the model's
     (padded) `vocab_size`: {"dense", "attention", "recurrence", "total"} FLOPs per token."""
-    m, a, g = config.model, config.attention, config.gdn
-    seq_len = config.data.seq_len
+    m = config.model
     matmul_params = params - (0 if m.tie_embeddings else vocab_size * m.d_model)
     if m.moe_experts:   # each token runs top_k of the experts
         expert_dim = m.moe_expert_dim or config.mlp_dim()
         matmul_params -= (m.num_layers * (m.moe_experts - m.moe_top_k)
                           * 3 * m.d_model * expert_dim)
-    kinds = config.layer_kinds()
-    qk_dim = a.head_dim if (a.kind != "fpa" or a.content) else 0
-    attention = kinds.count("attention") * 3 * a.num_heads * (qk_dim + a.head_dim) * (seq_len + 1)
-    k_dim, v_dim = g.head_dim, g.v_head_dim or g.head_dim
-    v_heads = g.num_v_heads or g.num_heads
-    recurrence = kinds.count("gdn") * 3 * v_heads * (
-        6 * k_dim * v_dim + (2 * k_dim + v_dim) * (GDN_CHUNK_SIZE + 1))
+    mixing = {"attention": 0, "recurrence": 0}
+    for kind in layer_kinds(config):
+        mixing[MIXERS[kind].flops_term] += MIXERS[kind].flops(config)
     dense = 6 * matmul_params
-    return {"dense": float(dense), "attention": float(attention),
-            "recurrence": float(recurrence), "total": float(dense + attention + recurrence)}
+    return {"dense": float(dense), **{term: float(value) for term, value in mixing.items()},
+            "total": float(dense + sum(mixing.values()))}
 
 
 def matmul_ceiling_tflops(size: int, *, device: Any = None, repeats: int = 10) -> float:

@@ -26,9 +26,10 @@ Mapping of one parameter (flax -> torch), by kind:
     heads_out  kernel [H, Dh, D]                -> weight [D, H*Dh]
     conv       depthwise kernel [W, C]          -> Conv1d weight [C, 1, W]     (tap order kept)
     same       embeddings [V, D], scales [D], per-head vectors [H]            (unchanged)
-The flax GatedDeltaNet's z_proj is fla's g_proj (the output gate). Every parameter must be
-mapped: an unknown or unmapped leaf raises, never a silent drop. `import_params` inverts the
-mapping exactly, so export -> import is bit-identical (for bfloat16: to the bf16-rounded params).
+A mixer's names are its kind's `MixerSpec.export_names` (train/core/mixers.py); the flax
+GatedDeltaNet's z_proj is fla's g_proj (the output gate). Every parameter must be mapped: an
+unknown or unmapped leaf raises, never a silent drop. `import_params` inverts the mapping
+exactly, so export -> import is bit-identical (for bfloat16: to the bf16-rounded params).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from flax import traverse_util
 
 from train.checkpoint.run_files import TOKENIZER_DIRNAME
 from train.core.config import Config
+from train.core.mixers import MIXERS, layer_kinds
 from train.core.model import LanguageModel, resolve_vocab_size
 from train.core.presets import config_from_dict
 from train.core.runs import load_run, restore_run_state
@@ -67,37 +69,7 @@ FPA_TORCH_FILES = ("configuration_fpa.py", "modeling_fpa.py")   # in HF_FPA_DIR,
 FPA_TORCH_AUTO_MAP = {"AutoConfig": "configuration_fpa.FPAConfig",
                       "AutoModelForCausalLM": "modeling_fpa.FPAForCausalLM"}
 
-# flax leaf path below a layer's "mixer" -> (fla suffix below "attn.", kind)
-ATTENTION_NAMES = {
-    ("query", "kernel"): ("q_proj.weight", "heads_in"),
-    ("key", "kernel"): ("k_proj.weight", "heads_in"),
-    ("value", "kernel"): ("v_proj.weight", "heads_in"),
-    ("out", "kernel"): ("o_proj.weight", "heads_out"),
-    ("forget_proj", "kernel"): ("f_proj.weight", "linear"),
-    ("forget_proj", "bias"): ("f_proj.bias", "same"),
-    ("delta_proj", "kernel"): ("delta_proj.weight", "linear"),
-    ("delta_proj", "bias"): ("delta_proj.bias", "same"),
-    ("field_proj", "kernel"): ("field_proj.weight", "linear"),
-    ("field_proj", "bias"): ("field_proj.bias", "same"),
-    ("level_proj", "kernel"): ("level_proj.weight", "linear"),
-    ("level_proj", "bias"): ("level_proj.bias", "same"),
-    ("rho",): ("rho", "same"),
-}
-GDN_NAMES = {
-    ("q_proj", "kernel"): ("q_proj.weight", "linear"),
-    ("k_proj", "kernel"): ("k_proj.weight", "linear"),
-    ("v_proj", "kernel"): ("v_proj.weight", "linear"),
-    ("z_proj", "kernel"): ("g_proj.weight", "linear"),
-    ("a_proj", "kernel"): ("a_proj.weight", "linear"),
-    ("b_proj", "kernel"): ("b_proj.weight", "linear"),
-    ("q_conv", "kernel"): ("q_conv1d.weight", "conv"),
-    ("k_conv", "kernel"): ("k_conv1d.weight", "conv"),
-    ("v_conv", "kernel"): ("v_conv1d.weight", "conv"),
-    ("A_log",): ("A_log", "same"),
-    ("dt_bias",): ("dt_bias", "same"),
-    ("o_norm", "scale"): ("o_norm.weight", "same"),
-    ("o_proj", "kernel"): ("o_proj.weight", "linear"),
-}
+# flax leaf path below a layer (BLOCK_NAMES) or the model (MODEL_NAMES) -> (fla name, kind)
 BLOCK_NAMES = {
     ("mixer_norm", "scale"): ("attn_norm.weight", "same"),
     ("mlp_norm", "scale"): ("mlp_norm.weight", "same"),
@@ -152,7 +124,7 @@ def from_torch(kind: str, tensor: np.ndarray, flax_shape: tuple[int, ...]) -> np
 def plan(config: Config, params: Any) -> list[Entry]:
     """Every flax parameter leaf of `params` (the LanguageModel's params) with its fla name."""
     flat = traverse_util.flatten_dict(params)
-    kinds = config.layer_kinds()
+    kinds = layer_kinds(config)
     entries = []
     for path in flat:
         if path in MODEL_NAMES:
@@ -167,7 +139,7 @@ def plan(config: Config, params: Any) -> list[Entry]:
         if rest in BLOCK_NAMES:
             name, kind = BLOCK_NAMES[rest]
         elif rest[:1] == ("mixer",):
-            table = GDN_NAMES if kinds[index] == "gdn" else ATTENTION_NAMES
+            table = MIXERS[kinds[index]].export_names
             if rest[1:] not in table:
                 raise ExportError(f"params: no export name for parameter {'/'.join(path)}")
             suffix, kind = table[rest[1:]]

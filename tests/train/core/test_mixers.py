@@ -1,0 +1,94 @@
+"""The mixer table (train/core/mixers.py): a spec for every kind the config accepts, answers
+that agree with the layers they describe, and validation that asks the table."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import pytest
+from flax import linen as nn
+from flax import traverse_util
+
+from train.core.config import ConfigError
+from train.core.mixers import MIXERS, layer_kinds, layer_spec
+from train.core.model import build_mixer
+from train.core.presets import load_config
+
+ATTENTION = {"fpa": [], "fox": [], "softmax": ["attention.position=rope"],
+             "selective": ["attention.position=rope"], "dcp": []}
+
+
+def config_of(kind, *overrides):
+    if kind == "gdn":
+        return load_config("tiny_fpa", ["model.pattern=G", *overrides])
+    return load_config("tiny_fpa", [f"attention.kind={kind}", *ATTENTION[kind], *overrides])
+
+
+def test_every_kind_the_config_accepts_has_one_immutable_spec():
+    assert set(MIXERS) == {*ATTENTION, "gdn"}
+    for kind in (*ATTENTION, "gdn"):
+        config = config_of(kind)
+        assert set(layer_kinds(config)) == {kind}
+        assert layer_spec(config, 0) is MIXERS[kind]
+    with pytest.raises(TypeError):
+        MIXERS["mamba"] = MIXERS["fox"]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        MIXERS["fox"].flops_term = "dense"
+    with pytest.raises(TypeError):
+        MIXERS["gdn"].export_names[("x",)] = ("x", "same")
+
+
+@pytest.mark.parametrize("kind,overrides", [
+    *[(kind, []) for kind in (*ATTENTION, "gdn")],
+    ("fpa", ["attention.dip_sum=true"]),
+    ("fpa", ["model.num_layers=2", "attention.no_bias_layers=[1]"]),
+])
+def test_op_names_without_building_agree_with_the_layers(kind, overrides):
+    config = config_of(kind, *overrides)
+    for index in range(config.model.num_layers):
+        spec = layer_spec(config, index)
+        assert spec.op_name(config, index) == build_mixer(config, index, None).op_name
+
+
+@pytest.mark.parametrize("kind", ["fpa", "fox", "softmax", "gdn"])
+def test_export_names_cover_every_parameter_of_the_layer(kind):
+    config = config_of(kind)
+    mixer = build_mixer(config, 0, None)
+    x = jnp.zeros((1, 4, config.model.d_model))
+    params = nn.meta.unbox(jax.eval_shape(mixer.init, jax.random.PRNGKey(0), x))["params"]
+    assert set(traverse_util.flatten_dict(params)) <= set(MIXERS[kind].export_names)
+
+
+def test_decoding_exactly_where_a_cache_exists():
+    assert {kind for kind, spec in MIXERS.items() if spec.decoding} == {"fpa", "fox", "softmax",
+                                                                         "gdn"}
+
+
+@pytest.mark.parametrize("kind,overrides,key", [
+    ("fpa", ["attention.position=rope"], "attention.position"),
+    ("softmax", ["attention.position=alibi", "attention.yarn_factor=2"], "attention.yarn_factor"),
+    ("fox", ["attention.tau=2"], "attention.tau"),
+    ("fpa", ["attention.tau=0"], "attention.tau"),
+    ("gdn", ["gdn.num_heads=4", "gdn.num_v_heads=6"], "gdn.num_v_heads"),
+    ("fpa", ["optim.freeze_gdn_decay=true"], "optim.freeze_gdn_decay"),
+    ("selective", ["mesh.context=2"], "mesh.context"),
+    ("fpa", ["mesh.context=2", "attention.dip_sum=true"], "attention.dip_sum"),
+    ("fox", ["mesh.context=2", "attention.implementation=reference"], "attention.implementation"),
+    ("gdn", ["gdn.implementation=fast"], "gdn.implementation"),
+])
+def test_validation_errors_name_the_key(kind, overrides, key):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        config_of(kind, *overrides)
+
+
+def test_an_unknown_kind_is_named_by_validation_and_by_the_builder():
+    with pytest.raises(ConfigError, match=r"attention\.kind must be one of \('fpa', 'fox', "
+                                          r"'softmax', 'selective', 'dcp'\), got 'mamba'"):
+        load_config("tiny_fpa", ["attention.kind=mamba"])
+    with pytest.raises(ConfigError, match="got 'gdn'"):         # a kind of another section
+        load_config("tiny_fpa", ["attention.kind=gdn"])
+    config = load_config("tiny_fpa")
+    unchecked = dataclasses.replace(config, attention=dataclasses.replace(config.attention,
+                                                                          kind="mamba"))
+    with pytest.raises(ValueError, match="attention.kind: unknown 'mamba'"):
+        build_mixer(unchecked, 0, None)
