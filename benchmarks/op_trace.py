@@ -118,7 +118,7 @@ def _knobs(op):
         from kernels_pallas.gated_delta import chunked
         return {"intra_backward": chunked.INTRA_BACKWARD}
     from kernels_pallas.attention import backward
-    return {"overlap_dq": backward.OVERLAP_DQ, "overlap_dkv": backward.OVERLAP_DKV}
+    return {"overlap": dict(backward.OVERLAP)}
 
 
 def main():
@@ -134,12 +134,13 @@ def main():
                              "chunked.py INTRA_BACKWARD)")
     parser.add_argument("--overlap", choices=("none", "dq", "dkv", "both"), default=None,
                         help="attention: the backward sweeps that issue the scores' and dP's "
-                             "matmuls together (kernels_pallas/attention/backward.py OVERLAP_*)")
+                             "matmuls together, for every bias mode (unset: the library's "
+                             "per-mode kernels_pallas/attention/backward.py OVERLAP)")
     args = parser.parse_args()
     if args.overlap is not None:
         from kernels_pallas.attention import backward
-        backward.OVERLAP_DQ = args.overlap in ("dq", "both")
-        backward.OVERLAP_DKV = args.overlap in ("dkv", "both")
+        schedule = (args.overlap in ("dq", "both"), args.overlap in ("dkv", "both"))
+        backward.OVERLAP = {mode: schedule for mode in backward.OVERLAP}
     if args.intra_backward is not None:
         from kernels_pallas.gated_delta import chunked
         chunked.INTRA_BACKWARD = args.intra_backward

@@ -72,11 +72,12 @@ def _to_bth(x, length):
     return jnp.moveaxis(x[:, :, :length], 1, 2)
 
 
-# The sweeps' matmul schedule (backward_kernels.KernelConfig overlap_dq / overlap_dkv): issue
-# the scores' and dP's matmuls together and form P while dP's is in flight. Read when the
-# backward is traced. Off until timed on the GPU against the sequential schedule.
-OVERLAP_DQ = False
-OVERLAP_DKV = False
+# The sweeps' matmul schedule per bias mode, (dq, dk/dv) (backward_kernels.KernelConfig
+# overlap_dq / overlap_dkv): True issues the scores' and dP's matmuls together and forms P
+# while dP's is in flight. Chosen from device time on an H200 at (4, 4096, 12, 64) and
+# (8, 2048, 16, 128) (docs/benchmarks.md, "Overlapped matmul schedule"). Read when the
+# backward is traced.
+OVERLAP = {"fpa": (True, True), "separable": (False, False), "none": (False, True)}
 
 
 def kernel_config(bias, scale, segment_ids, length, block=BLOCK, prune=False,
@@ -93,8 +94,8 @@ def kernel_config(bias, scale, segment_ids, length, block=BLOCK, prune=False,
                         query_level=bool(bias.query_level) if fpa else False,
                         content=bool(bias.content) if fpa else True,
                         prune=bool(prune), margin=pruning_margin(length),
-                        lhs_in_registers=bool(lhs_in_registers), overlap_dq=OVERLAP_DQ,
-                        overlap_dkv=OVERLAP_DKV)
+                        lhs_in_registers=bool(lhs_in_registers), overlap_dq=OVERLAP[mode][0],
+                        overlap_dkv=OVERLAP[mode][1])
 
 
 def document_end_index(segment_ids, padded, n):

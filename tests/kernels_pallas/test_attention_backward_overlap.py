@@ -1,5 +1,5 @@
 """The backward sweeps' overlapped schedule (the scores' and dP's matmuls issued together, P
-formed while dP's is in flight: backward.OVERLAP_DQ / OVERLAP_DKV) computes what the
+formed while dP's is in flight: backward.OVERLAP, per bias mode) computes what the
 sequential schedule computes, bit for bit, in the GPU interpreter, for FPA (diagonal and
 off-diagonal tiles, every share path, documents), FoX and softmax; and it lowers for Hopper."""
 
@@ -29,8 +29,7 @@ def _inputs(seed, kind):
 
 
 def _grads(args, bias, segment_ids, overlap, monkeypatch):
-    monkeypatch.setattr(backward, "OVERLAP_DQ", overlap)
-    monkeypatch.setattr(backward, "OVERLAP_DKV", overlap)
+    monkeypatch.setattr(backward, "OVERLAP", {mode: (overlap, overlap) for mode in backward.OVERLAP})
     interpret.reset()
     with interpret.gpu_interpret():
         grads = jax.jit(lambda *a: attention_backward(*a, bias=bias, scale=0.125,
@@ -53,8 +52,7 @@ def test_overlapped_schedule_matches_the_sequential_one(case, kind, monkeypatch)
 
 @pytest.mark.parametrize("kind", ["fpa", "fox"])
 def test_overlapped_schedule_lowers_for_hopper(kind, monkeypatch):
-    monkeypatch.setattr(backward, "OVERLAP_DQ", True)
-    monkeypatch.setattr(backward, "OVERLAP_DKV", True)
+    monkeypatch.setattr(backward, "OVERLAP", {mode: (True, True) for mode in backward.OVERLAP})
     args, bias, segment_ids = _inputs(0, kind)
     args = tuple(x.astype(jnp.bfloat16) if x.ndim == 4 else x for x in args)
     lowered = jax.jit(lambda *a: attention_backward(*a, bias=bias, scale=0.125,
