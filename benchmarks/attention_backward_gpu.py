@@ -21,8 +21,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kernels_pallas.attention import backward as bwd
-from kernels_pallas.attention.bias import FPABias, NoBias, SeparableBias
+from kernels.mosaic_gpu.attention import backward as bwd
+from kernels.mosaic_gpu.attention.bias import FPABias, NoBias, SeparableBias
 
 
 E2E_ONLY = "--e2e" in sys.argv  # skip the xla backward: e2e vs xla forward + kernel backward
@@ -220,7 +220,7 @@ def main():
 
 if __name__ == "__main__":
     if "--small" in sys.argv:
-        from kernels_pallas.interpret import gpu_interpret
+        from mixer_core.interpret import gpu_interpret
         with gpu_interpret():
             main()
     else:

@@ -6,12 +6,12 @@
           value_head_dim (v), has_segment_ids
 
 The registries themselves (name -> implementation, ordered default) are
-`kernels_pallas.registry.Registry`; each op module owns one (`fpa_jax.REGISTRIES`).
+`mixer_core.registry.Registry`; each op module owns one (`fpa_jax.REGISTRIES`).
 """
 
 import jax.numpy as jnp
 
-from kernels_pallas.registry import platform_facts
+from mixer_core.registry import platform_facts
 
 
 def attention_facts(q, v, segment_ids, **op_facts):

@@ -1,4 +1,4 @@
-"""Every attention op's dispatch registry, by op name (mechanism: kernels_pallas/registry.py).
+"""Every attention op's dispatch registry, by op name (mechanism: mixer_core/registry.py).
 
     REGISTRIES[op_name] -> Registry     op_name in fpa_attention, fox_attention,
                                         softmax_attention, selective_attention, dcp_attention,

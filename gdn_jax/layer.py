@@ -14,7 +14,7 @@ Shapes: x [B, T, D]; H q/k heads of size K; HV value heads of size V (HV a multi
 L2norm(x) = x / sqrt(sum x^2 + 1e-6); RMSNorm is per value head over V with eps `norm_eps`.
 The op's value ranges hold by construction, for any parameters: g <= 0 (exp(.) softplus(.)
 >= 0), beta = sigmoid(.) in [0, 1], |k_t| < 1 (L2norm), so its range checks (gdn_jax.ops.api;
-under jit in checked mode, kernels_pallas.ranges) never fire for this layer.
+under jit in checked mode, mixer_core.ranges) never fire for this layer.
 The causal convolution is depthwise with `conv_size` taps; taps reaching before the start of
 the current document (segment_ids) or before t = 0 read zeros (`gdn_jax.ops.short_conv`; its
 "pallas" entry forms the backward in one Mosaic GPU pass, chosen where the delta rule may run
@@ -48,7 +48,8 @@ import jax.numpy as jnp
 from gdn_jax.ops import api
 from gdn_jax.ops.api import gated_delta_rule, recurrent_gated_delta_rule
 from gdn_jax.ops.short_conv import l2_normalize, recomputed, short_conv
-from kernels_pallas import context_shard, shard
+from fpa_jax import context_shard
+from mixer_core import shard
 
 A_INIT_RANGE = (0.0, 16.0)
 A_INIT_FLOOR = 1e-4

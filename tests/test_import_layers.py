@@ -14,15 +14,16 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("kernels_pallas", "fpa_jax", "gdn_jax", "train")     # the modules checked
+PACKAGES = ("mixer_core", "kernels", "fpa_jax", "gdn_jax", "train")     # the modules checked
 ABOVE = ("benchmarks", "tests")         # may import the packages, never imported by them
 
 # bottom to top; a module belongs to the layer of the longest prefix that names it
 LAYERS = (
-    # the ground floor and the kernels: nothing from the ops above them (the context-parallel
-    # wrappers call the ops' ring functions, so they sit with the ops)
-    ("library core, kernels", ("kernels_pallas",)),
-    ("library ops", ("fpa_jax", "gdn_jax", "kernels_pallas.context_shard")),
+    # the ground floor: registry, ranges, padding, interpreter switch, mesh axes and shard_map
+    ("library core", ("mixer_core",)),
+    # the kernels, by backend: the core and their own backend only, nothing from the ops
+    ("kernels", ("kernels",)),
+    ("library ops", ("fpa_jax", "gdn_jax")),
     ("train.data", ("train", "train.data")),       # "train": its __init__ imports nothing
     ("train.checkpoint", ("train.checkpoint",)),
     ("train.core", ("train.core",)),
@@ -155,9 +156,11 @@ def test_cycles_are_found():
 
 
 @pytest.mark.parametrize("module, layer", [
-    ("fpa_jax.fpa.api", "library ops"), ("kernels_pallas.attention.vjp", "library core, kernels"),
-    ("kernels_pallas.gated_delta.chunked", "library core, kernels"),
-    ("kernels_pallas.short_conv.backward", "library core, kernels"),
+    ("fpa_jax.fpa.api", "library ops"), ("fpa_jax.context_shard", "library ops"),
+    ("mixer_core.shard", "library core"), ("mixer_core.registry", "library core"),
+    ("kernels.mosaic_gpu.common", "kernels"), ("kernels.mosaic_gpu.attention.vjp", "kernels"),
+    ("kernels.mosaic_gpu.gated_delta.chunked", "kernels"),
+    ("kernels.mosaic_gpu.short_conv.backward", "kernels"),
     ("train.data.tokenizer", "train.data"),
     ("train.checkpoint.manager", "train.checkpoint"), ("train.core.fit", "train.core"),
     ("train.experiments.cpt", "train.experiments, train.tools"),

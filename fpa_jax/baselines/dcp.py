@@ -30,7 +30,7 @@ import jax.numpy as jnp
 from fpa_jax.baselines import flash_xla
 from fpa_jax.dispatch import attention_facts
 from fpa_jax.fpa import checks
-from kernels_pallas.registry import Registry
+from mixer_core.registry import Registry
 
 
 def keep_log_mask(mask_logits):

@@ -30,8 +30,8 @@ import jax.numpy as jnp
 from fpa_jax.baselines import flash_xla
 from fpa_jax.dispatch import attention_facts
 from fpa_jax.fpa import checks
-from kernels_pallas.attention import register as pallas_backend
-from kernels_pallas.registry import Registry
+from kernels.mosaic_gpu.attention import register as pallas_backend
+from mixer_core.registry import Registry
 
 
 def _cumulative(log_forget):

@@ -30,7 +30,7 @@ from fpa_jax.baselines import flash_xla
 from fpa_jax.dispatch import attention_facts
 from fpa_jax.fpa import checks
 from fpa_jax.fpa.fields import document_starts
-from kernels_pallas.registry import Registry
+from mixer_core.registry import Registry
 
 
 def _document_starts(segment_ids, batch, length):

@@ -1,13 +1,13 @@
 """Argument checks shared by the FPA entry points: each failure names the argument.
 
-Value ranges (FPA's beta > 0) go through `kernels_pallas.ranges.check_range`, shared with the
+Value ranges (FPA's beta > 0) go through `mixer_core.ranges.check_range`, shared with the
 gated delta rule: checked at once on concrete arrays, and inside jit only in checked mode.
 """
 
 import jax.numpy as jnp
 import numpy as np
 
-from kernels_pallas.ranges import check_range
+from mixer_core.ranges import check_range
 
 
 def require_rank(name, x, rank):

@@ -12,7 +12,7 @@ softmax core (`fpa_jax.baselines.flash_xla`) both pad this way; padded rows are 
 
 import jax.numpy as jnp
 
-from kernels_pallas.padding import pad_time  # noqa: F401  (re-exported for the blocked paths)
+from mixer_core.padding import pad_time  # noqa: F401  (re-exported for the blocked paths)
 
 PAD_SEGMENT_ID = int(jnp.iinfo(jnp.int32).min)
 

@@ -15,7 +15,8 @@ from flax import linen as nn
 
 from fpa_jax.baselines.fox import fox_attention
 from fpa_jax.layers import common
-from kernels_pallas import context_shard, shard
+from fpa_jax import context_shard
+from mixer_core import shard
 
 Dtype = Any
 

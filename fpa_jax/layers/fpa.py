@@ -8,7 +8,7 @@
 
 beta = softplus(rho) > 0 by construction (float32 softplus underflows to 0 only below
 rho = -87), so the op's beta > 0 check (fpa_jax.fpa.checks; under jit in checked mode,
-kernels_pallas.ranges) does not fire for this layer.
+mixer_core.ranges) does not fire for this layer.
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ from fpa_jax.baselines.softmax import softmax_attention
 from fpa_jax.fpa.api import fpa_attention
 from fpa_jax.fpa.fields import fields
 from fpa_jax.layers import common
-from kernels_pallas import context_shard, shard
+from fpa_jax import context_shard
+from mixer_core import shard
 
 Dtype = Any
 

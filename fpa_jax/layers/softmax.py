@@ -17,7 +17,8 @@ from fpa_jax.baselines.rope import alibi_slopes
 from fpa_jax.baselines.rope_scaling import YarnScaling, rotate_yarn
 from fpa_jax.baselines.softmax import softmax_attention
 from fpa_jax.layers import common
-from kernels_pallas import context_shard, shard
+from fpa_jax import context_shard
+from mixer_core import shard
 
 Dtype = Any
 

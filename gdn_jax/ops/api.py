@@ -15,13 +15,13 @@ arithmetic are float32 for bf16/f16/f32 inputs (float64 only if an input is floa
 Value ranges (outside them the state grows without bound or turns NaN): g <= 0, 0 <= beta
 <= 1, |k_t| <= 1 + KEY_NORM_TOLERANCE (unit keys; zero keys allowed). Checked at once on
 concrete arrays (ValueError naming the argument); inside jit only in checked mode
-(`kernels_pallas.ranges.checked_ranges` + `jax.experimental.checkify`). GatedDeltaNet keeps
+(`mixer_core.ranges.checked_ranges` + `jax.experimental.checkify`). GatedDeltaNet keeps
 them by construction: g = -exp(A_log) softplus(.) <= 0, beta = sigmoid(.), k L2-normalised.
 
 Implementations (`REGISTRY`, op name "gated_delta_rule"; default order ("pallas", "xla")):
   "reference"  the token-by-token scan (`gdn_jax.ops.naive`); never chosen by default
   "xla"        chunked WY form (`gdn_jax.ops.chunk`), O(T * chunk) memory; runs everywhere
-  "pallas"     the Mosaic GPU kernels (`kernels_pallas.gated_delta.register`: the entry and
+  "pallas"     the Mosaic GPU kernels (`kernels.mosaic_gpu.gated_delta.register`: the entry and
                its `supports`), imported here
 An entry is `fn(q, k, v, g, beta, *, scale, initial_state, segment_ids, chunk_size)
 -> (out [B, T, HV, V] (any float dtype; cast to v's here), final_state [B, HV, K, V] float32)`
@@ -36,11 +36,11 @@ import math
 import jax.numpy as jnp
 import numpy as np
 
-from kernels_pallas.ranges import check_range
+from mixer_core.ranges import check_range
 from gdn_jax.ops.chunk import chunked_forward
 from gdn_jax.ops.naive import recurrent_forward
-from kernels_pallas.gated_delta import register as pallas_backend
-from kernels_pallas.registry import Registry, platform_facts
+from kernels.mosaic_gpu.gated_delta import register as pallas_backend
+from mixer_core.registry import Registry, platform_facts
 
 
 def _check_rank_and_float(name, x, rank, layout):

@@ -39,7 +39,7 @@ import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
 from gdn_jax.ops.naive import zero_state
-from kernels_pallas.delta_rule_math import compute_dtype, state_resets, unit_lower_inverse
+from mixer_core.delta_rule_math import compute_dtype, state_resets, unit_lower_inverse
 
 _CHUNK_STATE = "gdn_chunk_entering_state"
 

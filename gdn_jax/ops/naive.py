@@ -19,7 +19,7 @@ tests and short sequences only; inputs are assumed validated (see `gdn_jax.ops.a
 import jax
 import jax.numpy as jnp
 
-from kernels_pallas.delta_rule_math import compute_dtype, state_resets
+from mixer_core.delta_rule_math import compute_dtype, state_resets
 
 
 def zero_state(shape, dtype, *like):

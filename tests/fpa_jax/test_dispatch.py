@@ -17,7 +17,7 @@ from fpa_jax.dispatch import attention_facts
 from fpa_jax.fpa import api
 from fpa_jax.fpa.fields import document_starts
 from fpa_jax.fpa.padding import PAD_SEGMENT_ID, pad_segment_ids
-from kernels_pallas.registry import Registry, UnsupportedImplementationError
+from mixer_core.registry import Registry, UnsupportedImplementationError
 from tests.seeds import case_seed
 
 BATCH, LENGTH, HEADS = 2, 5, 3

@@ -22,7 +22,7 @@ from fpa_jax.layers import (
     per_head_forget_values,
     positions_within_segments,
 )
-from kernels_pallas.registry import UnsupportedImplementationError
+from mixer_core.registry import UnsupportedImplementationError
 
 BATCH, LENGTH, MODEL_DIM, HEADS, HEAD_DIM = 2, 11, 12, 3, 4
 

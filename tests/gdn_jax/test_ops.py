@@ -17,7 +17,7 @@ import pytest
 import gdn_jax
 from gdn_jax.ops import gated_delta_rule, recurrent_gated_delta_rule
 from gdn_jax.ops import api
-from kernels_pallas.registry import Registry, UnsupportedImplementationError
+from mixer_core.registry import Registry, UnsupportedImplementationError
 from gdn_jax.ops.chunk import unit_lower_inverse
 from tests.seeds import case_seed
 

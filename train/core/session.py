@@ -14,7 +14,7 @@
                                    jitted): the exact check that train/core/fit.py runs at
                                    each log point and before every checkpoint save
     checked mode                   train.check_ranges: the train step runs under checkify
-                                   with the ops' range checks traced in (kernels_pallas.ranges
+                                   with the ops' range checks traced in (mixer_core.ranges
                                    checked_ranges); a violated range raises RangeCheckError
     data streams                   train: the training documents, rows shuffled as
                                    data.shuffle says; eval: held-out documents in a fixed
@@ -37,7 +37,7 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding
 
-from kernels_pallas.ranges import checked_ranges
+from mixer_core.ranges import checked_ranges
 from train.core.config import Config
 from train.core.model import LanguageModel, build_model
 from train.core.optimizer import build_optimizer, learning_rate_schedule

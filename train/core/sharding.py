@@ -12,7 +12,7 @@
     context axis         activation rules map "length" -> "context" (`activation_rules`): the
                          activations [B, T, ...] are split along time, every per-token op
                          (embedding, norms, MLP, loss) runs on the device's stretch, and the
-                         mixers run their context-parallel ops (kernels_pallas/context_shard.py);
+                         mixers run their context-parallel ops (fpa_jax/context_shard.py);
                          the int32 batch [B, T+1] (T+1 tokens do not split) stays whole along it
 
 The rules are applied in order and a mesh axis is used once per array, so activations
@@ -29,7 +29,8 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-from kernels_pallas import context_shard, shard
+from fpa_jax import context_shard
+from mixer_core import shard
 
 MESH_AXES = ("data", "fsdp", "tensor", context_shard.CONTEXT_AXIS)   # context: only when > 1
 BATCH_MESH_AXES = shard.BATCH_AXES      # the mixers' ops split rows and heads the same way

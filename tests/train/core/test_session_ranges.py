@@ -11,7 +11,7 @@ from jax.experimental import checkify
 
 from fpa_jax import fpa_attention
 from gdn_jax import gated_delta_rule
-from kernels_pallas.ranges import checked_ranges
+from mixer_core.ranges import checked_ranges
 from tests.seeds import case_seed
 from train.core.session import RangeCheckError, checked_train_step, raise_range_errors
 

@@ -1,4 +1,4 @@
-"""Context parallelism in the trainer (mesh.context, kernels_pallas/context_shard.py).
+"""Context parallelism in the trainer (mesh.context, fpa_jax/context_shard.py).
 
 The 8-device check runs in one subprocess (XLA_FLAGS must be set before JAX starts): a hybrid
 FPA + GDN model ("GA") and a FoX model, float32, on data 1 x fsdp 2 x tensor 1 x context 4
@@ -103,7 +103,7 @@ SCRIPT = textwrap.dedent("""
     # and the softmax layer take this path: values and gradients against the dense op
     import jax.numpy as jnp
     from fpa_jax import alibi_slopes, softmax_attention
-    from kernels_pallas import context_shard
+    from fpa_jax import context_shard
     B, T, H, D = 2, 32, 2, 8
     q, k, v = (jnp.asarray(rng.standard_normal((B, T, H, D)), jnp.float32) for _ in range(3))
     ids = jnp.asarray(segments[:2, :T])
