@@ -1,18 +1,20 @@
 """The gated delta layer's short convolution on the GPU: "pallas" (kernel backward) against
 "xla", forward+backward time and gradient error.
 
-    python benchmarks/short_conv_gpu.py [--shape 8,2048,768] [--heads 12] [--repeats 20]
+    python benchmarks/short_conv_gpu.py [--shape 8,2048,768] [--heads 12] [--repeats 20] [--trace]
 
 At (B, T, C) with documents of about 500 tokens, bf16 x and float32 taps (the gdn_125m
 shape), with L2-normalised heads (q and k) and without (v): the median ms of a jitted
 forward+backward of each implementation, and the relative L2 error of dx and d taps against
 float32 ("xla" on the same rounded x). Exits 1 when "pallas" is more than 1.5x as far from
-float32 as "xla" (plus 1e-3).
+float32 as "xla" (plus 1e-3). `--trace`: then each implementation's forward+backward under
+jax.profiler, device ms per kernel (the kernel and every XLA fusion around it), costliest first.
 """
 
 import argparse
 import os
 import sys
+import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -22,6 +24,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from gdn_jax.ops.short_conv import short_conv  # noqa: E402
+from train.tools.profile_trace import event_totals  # noqa: E402
 
 
 def gradient_fn(implementation, segment_ids, heads):
@@ -42,6 +45,17 @@ def median_ms(fn, args, repeats):
     return float(np.median(times))
 
 
+def device_ms(fn, args, repeats, top=8):
+    """[(kernel name, device ms per call)] of fn(*args), costliest first."""
+    jax.block_until_ready(fn(*args))
+    with tempfile.TemporaryDirectory() as trace_dir:
+        with jax.profiler.trace(trace_dir):
+            for _ in range(repeats):
+                jax.block_until_ready(fn(*args))
+        totals = event_totals(trace_dir)
+    return [(name, us / repeats / 1e3) for name, us in totals.most_common(top)]
+
+
 def relative(a, b):
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
     return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
@@ -52,6 +66,7 @@ def main():
     parser.add_argument("--shape", default="8,2048,768")
     parser.add_argument("--heads", type=int, default=12)
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--trace", action="store_true", help="device ms per kernel as well")
     args = parser.parse_args()
     batch, length, channels = (int(v) for v in args.shape.split(","))
     rng = np.random.default_rng(0)
@@ -76,6 +91,15 @@ def main():
             worst = max(worst, ours - (1.5 * theirs + 1e-3))
         print(f"| {heads or '-'} | {t_xla:.3f} | {t_pallas:.3f} | {t_pallas / t_xla:.2f} | "
               f"{e_xla[0]:.1e} / {e_pallas[0]:.1e} | {e_xla[1]:.1e} / {e_pallas[1]:.1e} |")
+    if args.trace:
+        for heads in (args.heads, None):
+            for name in ("xla", "pallas"):
+                events = device_ms(gradient_fn(name, segment_ids, heads), (x, kernel, cotangent),
+                                   args.repeats)
+                print(f"{name}, heads {heads or '-'}: device {sum(ms for _, ms in events):.3f} ms "
+                      f"(top {len(events)})")
+                for kernel_name, ms in events:
+                    print(f"  {ms:8.3f} ms  {kernel_name[:90]}")
     return 1 if worst > 0 else 0
 
 
