@@ -45,10 +45,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from gdn_jax.ops import api
+from gdn_jax.ops import api, context_shard
 from gdn_jax.ops.api import gated_delta_rule, recurrent_gated_delta_rule
 from gdn_jax.ops.short_conv import l2_normalize, recomputed, short_conv
-from fpa_jax import context_shard
 from mixer_core import shard
 
 A_INIT_RANGE = (0.0, 16.0)
@@ -252,7 +251,7 @@ class GatedDeltaNet(nn.Module):
         """The short convolutions' implementation (`gdn_jax.ops.short_conv`): its default (the
         kernel backward where it runs) when the delta rule may use its kernels, else "xla";
         "xla" also when time is split over devices (the kernel sees whole sequences)."""
-        if self.implementation not in (None, "pallas") or context_shard.context_size() > 1:
+        if self.implementation not in (None, "pallas") or shard.context_size() > 1:
             return "xla"
         return None
 
@@ -274,15 +273,10 @@ class GatedDeltaNet(nn.Module):
                               self.value_heads, self.value_head_dim)
         z = self._split_heads(self.z_proj(x), self.value_heads, self.value_head_dim)
         g, beta = self._gates(x)
-        if context_shard.context_size() > 1:
-            o = context_shard.gated_delta_rule(q, k, v, g, beta, segment_ids=segment_ids,
-                                               chunk_size=self.chunk_size,
-                                               implementation=self.implementation)
-        else:
-            o, _ = shard.shard_batch_and_heads(
-                gated_delta_rule, q, k, v, g, beta, layouts=shard.GDN_LAYOUTS,
-                out_layouts=shard.GDN_OUT_LAYOUTS, segment_ids=segment_ids,
-                chunk_size=self.chunk_size, implementation=self.implementation)
+        o, _ = shard.ring_or_shard(
+            gated_delta_rule, context_shard.gated_delta_rule, q, k, v, g, beta,
+            layouts=shard.GDN_LAYOUTS, out_layouts=shard.GDN_OUT_LAYOUTS, segment_ids=segment_ids,
+            chunk_size=self.chunk_size, implementation=self.implementation)
         return self._readout(o, z, x.shape[-1])
 
     def transition_inputs(self, x: jax.Array, *, segment_ids: jax.Array | None = None):

@@ -1,5 +1,6 @@
 """Run an attention or delta-rule op once per shard: batch over the batch mesh axes, heads over
-the head axis, inside `jax.shard_map`.
+the head axis, and time over the "context" axis for the ops' context-parallel forms, inside
+`jax.shard_map`.
 
     mesh      the mesh in scope while tracing (`jax.set_mesh`; the trainer's mesh_context)
     B         batch dimension   -> BATCH_AXES = ("data", "fsdp")   (those the mesh has)
@@ -26,6 +27,12 @@ same shard, as in the unsplit op.
 check_vma=False: the ops' XLA paths (scans with fresh zero carries) and the Pallas kernels
 (outputs without mesh-axis types) are not written for shard_map's varying-axis types; every
 output is split over every used axis, so nothing is claimed replicated that is not.
+
+Context parallelism: with a mesh axis CONTEXT_AXIS = "context" of size n > 1 in scope
+(`context_size()`), a mixer runs its op's context-parallel form instead, which splits T over
+that axis as well (`shard_over_context`) and exchanges along it what it needs (the ring forms
+in fpa_jax/context_shard.py and gdn_jax/ops/context_shard.py). `ring_or_shard` is the one call
+the layers make: it picks the form.
 """
 
 from __future__ import annotations
@@ -39,8 +46,10 @@ from jax.sharding import PartitionSpec
 
 BATCH_AXES = ("data", "fsdp")
 HEAD_AXIS = "tensor"
+CONTEXT_AXIS = "context"
 KEYWORD_LAYOUTS = {"segment_ids": "BT", "alibi_slopes": "H", "initial_state": "BHKV"}
 FPA_LAYOUTS = ("BTHD", "BTHD", "BTHD", "BTH", "BTH", "H")     # q, k, v, phi, psi, beta
+FPA_WALK_LAYOUTS = ("BTHD", "BTHD", "BTHD", "BTH", "BTH", "BTH", "H")   # q, k, v, delta, g, h, beta
 FOX_LAYOUTS = ("BTHD", "BTHD", "BTHD", "BTH")                 # q, k, v, log_forget
 SOFTMAX_LAYOUTS = ("BTHD", "BTHD", "BTHD")                    # q, k, v
 GDN_LAYOUTS = ("BTHD", "BTHD", "BTHD", "BTH", "BTH")          # q, k, v, g, beta
@@ -94,7 +103,7 @@ def shard_batch_and_heads(op: Callable[..., Any], *arrays: Any, layouts: Sequenc
     arrays split the same way (None passes through); every other keyword goes to op as is.
     out_layouts: one string for a single output, or a tuple matching op's tuple of outputs
     (an output that is None needs a layout too; it is ignored). time_axis: a mesh axis that
-    also splits T (context parallelism, fpa_jax/context_shard.py; op then exchanges
+    also splits T (context parallelism, `shard_over_context`; op then exchanges
     along it what it needs); the op always runs under the shard_map then."""
     names = [name for name in KEYWORD_LAYOUTS if kwargs.get(name) is not None]
     split = list(arrays) + [kwargs.pop(name) for name in names]
@@ -116,3 +125,44 @@ def shard_batch_and_heads(op: Callable[..., Any], *arrays: Any, layouts: Sequenc
     sharded = jax.shard_map(jax.jit(call), in_specs=in_specs, out_specs=out_specs,
                             check_vma=False)
     return sharded(*split)
+
+
+def context_size() -> int:
+    """n, the size of the CONTEXT_AXIS axis of the mesh in scope; 1 without a mesh, without that
+    axis, or inside a shard_map."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh is None or mesh.empty or mesh.manual_axes or CONTEXT_AXIS not in mesh.axis_names:
+        return 1
+    return mesh.shape[CONTEXT_AXIS]
+
+
+def shard_over_context(op: Callable[..., Any], *arrays: Any, layouts: Sequence[str],
+                       out_layouts: str | tuple[str, ...] = "BTHD", **kwargs: Any) -> Any:
+    """op(*arrays, **kwargs) per shard of batch, heads and time (T over CONTEXT_AXIS), op being
+    a context-parallel form that exchanges along CONTEXT_AXIS what it needs; arguments as in
+    `shard_batch_and_heads`. ValueError without a context axis larger than 1 in scope or when
+    T (of the first array) does not split evenly over it."""
+    size = context_size()
+    if size < 2:
+        raise ValueError(f"mesh: the context-parallel ops need a mesh in scope with a "
+                         f"{CONTEXT_AXIS!r} axis larger than 1, got context size {size}")
+    length = arrays[0].shape[1]
+    if length % size:
+        raise ValueError(f"q: the time axis ({length} tokens) must split evenly over the {size} "
+                         f"devices of mesh axis {CONTEXT_AXIS!r}")
+    return shard_batch_and_heads(op, *arrays, layouts=layouts, out_layouts=out_layouts,
+                                 time_axis=CONTEXT_AXIS, **kwargs)
+
+
+def ring_or_shard(op: Callable[..., Any], ring: Callable[..., Any], *arrays: Any,
+                  layouts: Sequence[str], out_layouts: str | tuple[str, ...] = "BTHD",
+                  **kwargs: Any) -> Any:
+    """A mixer's op on the mesh in scope, the one call every layer makes.
+
+    With time split over the devices (context_size() > 1): ring(*arrays, **kwargs), the op's
+    context-parallel form, which takes the op's arguments and returns its outputs and splits
+    T itself (`shard_over_context`). Otherwise op(*arrays, **kwargs) per shard of batch and
+    heads (`shard_batch_and_heads` with `layouts` and `out_layouts`)."""
+    if context_size() > 1:
+        return ring(*arrays, **kwargs)
+    return shard_batch_and_heads(op, *arrays, layouts=layouts, out_layouts=out_layouts, **kwargs)

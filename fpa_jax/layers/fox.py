@@ -13,9 +13,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
+from fpa_jax import context_shard
 from fpa_jax.baselines.fox import fox_attention
 from fpa_jax.layers import common
-from fpa_jax import context_shard
 from mixer_core import shard
 
 Dtype = Any
@@ -60,11 +60,8 @@ class FoXAttention(nn.Module):
         forget_logit = common.per_head_scalar_map(self, x, "forget_proj", forget_init)
         log_forget = jax.nn.log_sigmoid(forget_logit)
         scale = common.attention_scale(self.head_dim)
-        if context_shard.context_size() > 1:
-            out = context_shard.fox_attention(q, k, v, log_forget, scale=scale,
-                                              segment_ids=segment_ids)
-        else:
-            out = shard.shard_batch_and_heads(
-                fox_attention, q, k, v, log_forget, layouts=shard.FOX_LAYOUTS, scale=scale,
-                segment_ids=segment_ids, implementation=self.implementation)
+        out = shard.ring_or_shard(
+            fox_attention, context_shard.fox_attention, q, k, v, log_forget,
+            layouts=shard.FOX_LAYOUTS, scale=scale, segment_ids=segment_ids,
+            implementation=self.implementation)
         return common.output_projection(self, out, x.shape[-1])

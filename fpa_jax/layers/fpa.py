@@ -21,12 +21,12 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
+from fpa_jax import context_shard
 from fpa_jax.baselines.dipsum import dipsum_attention
 from fpa_jax.baselines.softmax import softmax_attention
 from fpa_jax.fpa.api import fpa_attention
 from fpa_jax.fpa.fields import fields
 from fpa_jax.layers import common
-from fpa_jax import context_shard
 from mixer_core import shard
 
 Dtype = Any
@@ -125,13 +125,10 @@ class FPAAttention(nn.Module):
 
         if not self.use_bias:
             q, k, v = common.head_projections(self, x, ("query", "key", "value"))
-            if context_shard.context_size() > 1:
-                out = context_shard.softmax_attention(q, k, v, scale=scale,
-                                                      segment_ids=segment_ids)
-            else:
-                out = shard.shard_batch_and_heads(
-                    softmax_attention, q, k, v, layouts=shard.SOFTMAX_LAYOUTS, scale=scale,
-                    segment_ids=segment_ids, implementation=self.implementation)
+            out = shard.ring_or_shard(
+                softmax_attention, context_shard.softmax_attention, q, k, v,
+                layouts=shard.SOFTMAX_LAYOUTS, scale=scale, segment_ids=segment_ids,
+                implementation=self.implementation)
             return common.output_projection(self, out, x.shape[-1])
 
         if self.content:
@@ -157,20 +154,21 @@ class FPAAttention(nn.Module):
         )
         beta = jax.nn.softplus(rho.astype(jnp.float32))
 
-        if context_shard.context_size() > 1 and not self.dip_sum:   # the walk over the ring
-            out = context_shard.fpa_attention(
-                q, k, v, delta, g, h, beta, scale=scale, tau=self.tau, segment_ids=segment_ids,
-                query_level=self.query_level, content=self.content)
-            return common.output_projection(self, out, x.shape[-1])
-
-        phi, psi = fields(delta, g, h, segment_ids=segment_ids)
         if self.dip_sum:
+            phi, psi = fields(delta, g, h, segment_ids=segment_ids)
             out = dipsum_attention(q, k, v, phi, psi, beta, scale=scale, segment_ids=segment_ids,
                                    implementation=self.implementation)
-        else:
-            out = shard.shard_batch_and_heads(
-                fpa_attention, q, k, v, phi, psi, beta, layouts=shard.FPA_LAYOUTS, scale=scale,
-                tau=self.tau, segment_ids=segment_ids, implementation=self.implementation,
-                query_level=self.query_level, content=self.content,
-            )
+        else:   # the walk per shard of batch and heads, or over the ring
+            out = shard.ring_or_shard(
+                fpa_attention_of_walk, context_shard.fpa_attention, q, k, v, delta, g, h, beta,
+                layouts=shard.FPA_WALK_LAYOUTS, scale=scale, tau=self.tau,
+                segment_ids=segment_ids, implementation=self.implementation,
+                query_level=self.query_level, content=self.content)
         return common.output_projection(self, out, x.shape[-1])
+
+
+def fpa_attention_of_walk(q, k, v, delta, g, h, beta, *, segment_ids=None, **options):
+    """fpa_attention from the walk's inputs delta, g, h [B, T, H]: phi, psi = fields(delta, g,
+    h), restarting at each document start (the counterpart of context_shard.fpa_attention)."""
+    phi, psi = fields(delta, g, h, segment_ids=segment_ids)
+    return fpa_attention(q, k, v, phi, psi, beta, segment_ids=segment_ids, **options)

@@ -13,11 +13,11 @@ from typing import Any
 import jax.numpy as jnp
 from flax import linen as nn
 
+from fpa_jax import context_shard
 from fpa_jax.baselines.rope import alibi_slopes
 from fpa_jax.baselines.rope_scaling import YarnScaling, rotate_yarn
 from fpa_jax.baselines.softmax import softmax_attention
 from fpa_jax.layers import common
-from fpa_jax import context_shard
 from mixer_core import shard
 
 Dtype = Any
@@ -56,13 +56,10 @@ class SoftmaxAttention(nn.Module):
             q, k, v = _yarn_projections(self, x, segment_ids, positions)
         slopes = alibi_slopes(self.num_heads) if self.position == "alibi" else None
         scale = common.attention_scale(self.head_dim)
-        if context_shard.context_size() > 1:
-            out = context_shard.softmax_attention(q, k, v, scale=scale, segment_ids=segment_ids,
-                                                  alibi_slopes=slopes)
-        else:
-            out = shard.shard_batch_and_heads(
-                softmax_attention, q, k, v, layouts=shard.SOFTMAX_LAYOUTS, scale=scale,
-                segment_ids=segment_ids, alibi_slopes=slopes, implementation=self.implementation)
+        out = shard.ring_or_shard(
+            softmax_attention, context_shard.softmax_attention, q, k, v,
+            layouts=shard.SOFTMAX_LAYOUTS, scale=scale, segment_ids=segment_ids,
+            alibi_slopes=slopes, implementation=self.implementation)
         return common.output_projection(self, out, x.shape[-1])
 
 

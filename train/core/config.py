@@ -120,7 +120,7 @@ class MeshConfig:
     context: int = 1               # n > 1: context parallelism, each sequence split into n equal
                                    # stretches of data.seq_len / n tokens on n devices (ring
                                    # attention for fpa / fox / softmax, the context-parallel delta
-                                   # rule for GDN; fpa_jax/context_shard.py); a stretch
+                                   # rule for GDN; mixer_core/shard.py ring_or_shard); a stretch
                                    # that is a multiple of 64 (the GDN chunk) wastes no padding
 
 

@@ -12,7 +12,7 @@
     context axis         activation rules map "length" -> "context" (`activation_rules`): the
                          activations [B, T, ...] are split along time, every per-token op
                          (embedding, norms, MLP, loss) runs on the device's stretch, and the
-                         mixers run their context-parallel ops (fpa_jax/context_shard.py);
+                         mixers run their context-parallel ops (mixer_core/shard.py ring_or_shard);
                          the int32 batch [B, T+1] (T+1 tokens do not split) stays whole along it
 
 The rules are applied in order and a mesh axis is used once per array, so activations
@@ -29,10 +29,9 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-from fpa_jax import context_shard
 from mixer_core import shard
 
-MESH_AXES = ("data", "fsdp", "tensor", context_shard.CONTEXT_AXIS)   # context: only when > 1
+MESH_AXES = ("data", "fsdp", "tensor", shard.CONTEXT_AXIS)   # context: only when > 1
 BATCH_MESH_AXES = shard.BATCH_AXES      # the mixers' ops split rows and heads the same way
 LOGICAL_AXIS_RULES: tuple[tuple[str, Any], ...] = (
     ("batch", BATCH_MESH_AXES),
@@ -90,9 +89,9 @@ def activation_rules() -> tuple[tuple[str, Any], ...]:
     """LOGICAL_AXIS_RULES for activations under the mesh in scope: "length" -> "context" when
     that mesh has a context axis, else the table as it is."""
     mesh = jax.sharding.get_abstract_mesh()
-    if mesh is None or mesh.empty or context_shard.CONTEXT_AXIS not in mesh.axis_names:
+    if mesh is None or mesh.empty or shard.CONTEXT_AXIS not in mesh.axis_names:
         return LOGICAL_AXIS_RULES
-    return tuple((name, context_shard.CONTEXT_AXIS if name == "length" else axes)
+    return tuple((name, shard.CONTEXT_AXIS if name == "length" else axes)
                  for name, axes in LOGICAL_AXIS_RULES)
 
 

@@ -1,4 +1,4 @@
-"""Context parallelism in the trainer (mesh.context, fpa_jax/context_shard.py).
+"""Context parallelism in the trainer (mesh.context, mixer_core/shard.py ring_or_shard).
 
 The 8-device check runs in one subprocess (XLA_FLAGS must be set before JAX starts): a hybrid
 FPA + GDN model ("GA") and a FoX model, float32, on data 1 x fsdp 2 x tensor 1 x context 4
