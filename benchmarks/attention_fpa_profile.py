@@ -32,7 +32,7 @@ from benchmarks.bench_fpa import make_inputs  # noqa: E402
 from benchmarks.timing import jax_median_ms  # noqa: E402
 from kernels.mosaic_gpu.attention import backward as bwd  # noqa: E402
 from kernels.mosaic_gpu.attention.bias import FPABias, SeparableBias  # noqa: E402
-from kernels.mosaic_gpu.attention.backward_diagonal import diagonal_shares_kernel  # noqa: E402
+from kernels.mosaic_gpu.attention.backward_diagonal_kernel import diagonal_shares_kernel  # noqa: E402
 from kernels.mosaic_gpu.attention.backward_kernels import dkv_kernel, dq_kernel  # noqa: E402
 from kernels.mosaic_gpu.attention.forward import attention_forward  # noqa: E402
 

@@ -117,7 +117,7 @@ def programs(implementation, value_tile=None):
     """Jitted forward and forward+backward of the chunked path (module functions, so that a
     half-edited op registry cannot break the check)."""
     if implementation == "pallas":
-        from kernels.mosaic_gpu.gated_delta.chunked import chunked_forward_pallas
+        from kernels.mosaic_gpu.gated_delta.vjp import chunked_forward_pallas
 
         def chunked(*a, **kw):
             return chunked_forward_pallas(*a, value_tile=value_tile, **kw)

@@ -49,11 +49,11 @@ def instrument():
 
 
 def use_lowering(semantics):
-    from kernels.mosaic_gpu.attention import backward_diagonal, backward_kernels, forward_kernel
+    from kernels.mosaic_gpu.attention import backward_diagonal_kernel, backward_kernels, forward_kernel
     params = plgpu.CompilerParams(approx_math=True,
                                   lowering_semantics=getattr(plgpu.LoweringSemantics,
                                                              semantics.capitalize()))
-    for module in (backward_diagonal, backward_kernels, forward_kernel):
+    for module in (backward_diagonal_kernel, backward_kernels, forward_kernel):
         module.COMPILER_PARAMS = params
 
 

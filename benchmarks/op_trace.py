@@ -115,8 +115,8 @@ def trace_one(op, shape, fields, repeats, top, out_dir):
 def _knobs(op):
     """The module switches this run's kernels were traced with."""
     if op == "gdn":
-        from kernels.mosaic_gpu.gated_delta import chunked
-        return {"intra_backward": chunked.INTRA_BACKWARD}
+        from kernels.mosaic_gpu.gated_delta import vjp
+        return {"intra_backward": vjp.INTRA_BACKWARD}
     from kernels.mosaic_gpu.attention import backward
     return {"overlap": dict(backward.OVERLAP)}
 
@@ -131,7 +131,7 @@ def main():
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     parser.add_argument("--intra-backward", choices=("xla", "pallas"), default=None,
                         help="gdn: the WY preparation's backward (kernels/mosaic_gpu/gated_delta/"
-                             "chunked.py INTRA_BACKWARD)")
+                             "vjp.py INTRA_BACKWARD)")
     parser.add_argument("--overlap", choices=("none", "dq", "dkv", "both"), default=None,
                         help="attention: the backward sweeps that issue the scores' and dP's "
                              "matmuls together, for every bias mode (unset: the library's "
@@ -142,8 +142,8 @@ def main():
         schedule = (args.overlap in ("dq", "both"), args.overlap in ("dkv", "both"))
         backward.OVERLAP = {mode: schedule for mode in backward.OVERLAP}
     if args.intra_backward is not None:
-        from kernels.mosaic_gpu.gated_delta import chunked
-        chunked.INTRA_BACKWARD = args.intra_backward
+        from kernels.mosaic_gpu.gated_delta import vjp
+        vjp.INTRA_BACKWARD = args.intra_backward
     regimes = args.fields.split(",") if args.op == "fpa" else [args.fields]
     for text in args.shape:
         shape = tuple(int(n) for n in text.split(","))

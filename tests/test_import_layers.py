@@ -101,6 +101,21 @@ def test_every_module_imports_only_from_its_layer_and_below():
     assert not problems, "imports from a higher layer:\n" + "\n".join(problems)
 
 
+def test_a_kernel_backend_imports_only_the_core_and_itself():
+    """kernels/<backend>/ imports mixer_core and its own backend, no other backend."""
+    problems = []
+    for module, path in MODULES.items():
+        parts = module.split(".")
+        if parts[0] != "kernels" or len(parts) < 2:
+            continue
+        backend = ".".join(parts[:2])
+        for line, target in imported_modules(module, path):
+            if target.split(".")[0] != "mixer_core" and target.split(".")[:2] != parts[:2]:
+                problems.append(f"{path.relative_to(REPO)}:{line}: {module} imports {target} "
+                                f"(outside mixer_core and {backend})")
+    assert not problems, "\n".join(problems)
+
+
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     """The strongly connected components of more than one module (Tarjan), and modules that
     import themselves."""
@@ -159,7 +174,7 @@ def test_cycles_are_found():
     ("fpa_jax.fpa.api", "library ops"), ("fpa_jax.context_shard", "library ops"),
     ("mixer_core.shard", "library core"), ("mixer_core.registry", "library core"),
     ("kernels.mosaic_gpu.common", "kernels"), ("kernels.mosaic_gpu.attention.vjp", "kernels"),
-    ("kernels.mosaic_gpu.gated_delta.chunked", "kernels"),
+    ("kernels.mosaic_gpu.gated_delta.vjp", "kernels"),
     ("kernels.mosaic_gpu.short_conv.backward", "kernels"),
     ("train.data.tokenizer", "train.data"),
     ("train.checkpoint.manager", "train.checkpoint"), ("train.core.fit", "train.core"),

@@ -32,10 +32,10 @@ import jax.numpy as jnp
 
 from kernels.mosaic_gpu.attention import fields
 from kernels.mosaic_gpu.attention.bias import FPABias, NoBias, SeparableBias
-from kernels.mosaic_gpu.attention.common import BIG, SUPPORTED_HEAD_DIMS, dead_key_bounds
-from kernels.mosaic_gpu.attention.backward_diagonal import diagonal_shares_kernel
-from kernels.mosaic_gpu.attention.backward_kernels import (BLOCK, KernelConfig, dkv_kernel,
-                                                       dq_kernel, pack_layout)
+from kernels.mosaic_gpu.attention.common import BIG, BLOCK, SUPPORTED_HEAD_DIMS, dead_key_bounds
+from kernels.mosaic_gpu.attention.backward_diagonal_kernel import diagonal_shares_kernel
+from kernels.mosaic_gpu.attention.backward_kernels import (KernelConfig, dkv_kernel, dq_kernel,
+                                                           pack_layout)
 from kernels.mosaic_gpu.attention.forward import document_start_index, heads_major, pruning_margin
 from mixer_core.interpret import interpret_active
 from mixer_core.padding import pad_time
@@ -180,7 +180,7 @@ def prepare(cfg, q, k, v, out, lse, dout, bias, segment_ids):
             vectors["kap"], vectors["kpmax"] = dead_key_bounds(vectors["suf_min"],
                                                                vectors["psi"], n)
         # the diagonal's level rows: minima of levels 0 .. top-1, then their masses (the sweep
-        # kernels load only the minima, for the bias; backward_diagonal.py loads both)
+        # kernels load only the minima, for the bias; backward_diagonal_kernel.py loads both)
         by_level = lambda a, m: [x[:, :, level] for x in (a, m) for level in range(top)]
         rowd = _pack(by_level(pre_min, pre_mass), n)
         cold = _pack(by_level(suf_min, suf_mass), n)

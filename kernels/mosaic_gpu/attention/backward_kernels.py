@@ -29,7 +29,7 @@ from per-block bounds): no dead pair (a plain softmax tile: no bias, no field wo
 reciprocal per pair) or row-referenced (weights relative to m_t = min(G, C_t) and one
 exponential of -|m_t - A_s| per pair; exact for any spread). Query levels take the exact
 shares. The gap's minimum and soft-min mass are scalars carried along the sweep. The diagonal
-tiles' per-level shares come from a third kernel (backward_diagonal.py), which keeps their
+tiles' per-level shares come from a third kernel (backward_diagonal_kernel.py), which keeps their
 six levels' work out of the two sweeps (it cost them registers and spills on every tile).
 
 Two sweep kernels, no atomics: `dkv` runs one program per key block j over query blocks i >= j
@@ -52,11 +52,11 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from kernels.mosaic_gpu.attention.common import BIG, COMPILER_PARAMS, no_dead_floor, reciprocal
+from kernels.mosaic_gpu.attention.common import (BIG, BLOCK, COMPILER_PARAMS, no_dead_floor,
+                                                 reciprocal)
 from kernels.mosaic_gpu.attention.common import decay as _decay
 from kernels.mosaic_gpu.common import matmul, swizzled_smem
 
-BLOCK = 64
 # Pack rows read as vectors along a tile axis; every other name is a per-block scalar, and a
 # block's scalars share one packed row (the k-th scalar of `pack_layout` at lane k).
 VECTOR_ROWS = frozenset({"lse", "delta", "seg", "row", "col", "pre_min", "pre_mass", "suf_min",
@@ -136,7 +136,7 @@ class KernelConfig:
 
     def col_out_names(self):
         """Rows of dkv's per-key-block output ("share": the block-level key-side shares; the
-        diagonal tiles' per-level shares come from backward_diagonal.py)."""
+        diagonal tiles' per-level shares come from backward_diagonal_kernel.py)."""
         if self.mode == "separable":
             return ["dcol"]
         if self.mode == "fpa":
@@ -534,11 +534,110 @@ def _add_gap_total(gap_s, i, n, total):
                   + jnp.where(lanes == lax.rem(i, n), total, 0.0))
 
 
+# -- the two sweeps' shared frame: one program owns a block (its two tiles, its pack and, for
+# FPA, the diagonal's level minima and beta; barriers 0-5) and streams the other side's blocks
+# through two slots (two tiles and a pack each; barriers 6 + slot, 8 + slot, 10 + slot)
+
+def _load_own_block(cfg, n, b, h, block, tiles, pack, fpa_inputs, bars):
+    """Starts the TMA of the program's own block: tiles = two (gmem, smem) pairs of [B, Tp, H,
+    D] arrays, pack its (gmem, smem) pack and, for FPA, fpa_inputs = the row and column level
+    minima and beta as (gmem, smem) pairs. Returns the tiles' index (b, rows of the block, h)."""
+    at = (b, pl.ds(block * n, n), h)
+    for index, (ref, smem) in enumerate(tiles):
+        plgpu.copy_gmem_to_smem(ref.at[at], smem, bars.at[index])
+    plgpu.copy_gmem_to_smem(pack[0].at[b, h, block], pack[1], bars.at[2])
+    if cfg.mode == "fpa":
+        (rowd_ref, rowd_s), (cold_ref, cold_s), (beta_ref, beta_s) = fpa_inputs
+        minima = pl.ds(0, cfg.diag_levels)  # the diagonal's level minima (for the bias)
+        plgpu.copy_gmem_to_smem(rowd_ref.at[b, h, block, minima], rowd_s, bars.at[3])
+        plgpu.copy_gmem_to_smem(cold_ref.at[b, h, block, minima], cold_s, bars.at[4])
+        plgpu.copy_gmem_to_smem(beta_ref.at[h], beta_s, bars.at[5])
+    return at
+
+
+def _wait_own_block(cfg, bars, beta_s):
+    """Waits for `_load_own_block`'s copies; beta as a scalar (FPA) or None."""
+    fpa = cfg.mode == "fpa"
+    for index in range(3 + (3 if fpa else 0)):
+        plgpu.barrier_wait(bars.at[index])
+    return beta_s[0, 0] if fpa else None
+
+
+def _stream_fetch(n, b, h, tiles, pack, bars):
+    """fetch(block, slot): the TMA of a streamed block's two tiles and pack into `slot`."""
+    def fetch(block, slot):
+        at = (b, pl.ds(block * n, n), h)
+        for index, (ref, smem) in enumerate(tiles):
+            plgpu.copy_gmem_to_smem(ref.at[at], smem.at[slot], bars.at[6 + 2 * index + slot])
+        plgpu.copy_gmem_to_smem(pack[0].at[b, h, block], pack[1].at[slot], bars.at[10 + slot])
+
+    return fetch
+
+
+def _advance_stream(fetch, bars, has_next, next_block, slot):
+    """Prefetches the next streamed block into the other slot (if has_next), then waits for
+    this slot's block."""
+    @pl.when(has_next)
+    def _():
+        plgpu.commit_smem()  # order the last step's reads of that slot before the TMA
+        fetch(next_block, 1 - slot)
+
+    for index in (6, 8, 10):
+        plgpu.barrier_wait(bars.at[index + slot])
+
+
+def _sweep_tile(cfg, compute, state, rows, cols, streamed, gap, beta, diagonal):
+    """(state, gap_min, gap_mass) past one tile: compute(state, r=, path=) off the diagonal by
+    share path (`_share_path`, `_by_path`), not run where the forward pruned the tile; the
+    gap's minimum and mass then take in the streamed block (off the diagonal, FPA)."""
+    gap_min, gap_mass = gap
+    r = path = None
+    if cfg.separable and not diagonal:
+        r, path = _share_path(cfg, rows, cols, gap_min)
+    run = _by_path(functools.partial(compute, r=r, path=path), path)
+    if diagonal or not cfg.prunes:
+        state = run(state)
+    else:
+        skip = _skip_tile(cfg, rows, cols, gap_min, beta)
+        state = lax.cond(skip, lambda s: s, run, state)
+    if cfg.mode == "fpa" and not diagonal:
+        gap_min, gap_mass = _gap_update(gap_min, gap_mass, streamed.scalar("bmin"),
+                                        streamed.scalar("bmass"), cfg.tau)
+    return state, gap_min, gap_mass
+
+
+def _initial_gap(cfg):
+    """The gap's (minimum, soft-min mass) before the first off-diagonal block: scalars for
+    FPA, else (None, None)."""
+    if cfg.mode == "fpa":
+        return jnp.float32(BIG), jnp.float32(0.0)
+    return None, None
+
+
+def _sweep_scratch(cfg, n, head_dim, dtype, row_slots, col_slots):
+    """The shared memory of the frame: the own block's two tiles, the streamed blocks' two
+    tiles (2 slots), the row and column packs (row_slots, col_slots: 1 for the own block's,
+    2 for the streamed one's) and, for FPA, the level minima and beta (None otherwise)."""
+    fpa, levels = cfg.mode == "fpa", cfg.diag_levels
+    transforms = swizzled_smem((n, head_dim), dtype).transforms
+    packs = [plgpu.SMEM(((slots,) if slots > 1 else ()) + (packed_rows(names), n), jnp.float32)
+             for slots, names in ((row_slots, cfg.row_names()), (col_slots, cfg.col_names()))]
+    return [
+        swizzled_smem((n, head_dim), dtype), swizzled_smem((n, head_dim), dtype),
+        plgpu.SMEM((2, n, head_dim), dtype, transforms=transforms),
+        plgpu.SMEM((2, n, head_dim), dtype, transforms=transforms),
+        *packs,
+        plgpu.SMEM((levels, n), jnp.float32) if fpa else None,
+        plgpu.SMEM((levels, n), jnp.float32) if fpa else None,
+        plgpu.SMEM((1, n), jnp.float32) if fpa else None,
+    ]
+
+
 def _dkv_field_terms(cfg, tile, ds, extra, diagonal, path, r, gap, col_acc, add_gap):
     """FPA's key-side sums of one tile into col_acc = (dpsi?, dbeta, share): paths 1 / 2 of
     `_share_path` off the diagonal (separable, row-referenced; path 0 tiles run as plain
     softmax tiles and never get here), the exact shares with query levels; d level and d beta
-    only on the diagonal (its shares: backward_diagonal.py). add_gap(total) takes the tile's
+    only on the diagonal (its shares: backward_diagonal_kernel.py). add_gap(total) takes the tile's
     gap share."""
     beta = tile.beta
     gap_min, gap_mass = gap
@@ -595,7 +694,6 @@ def dkv_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
     row_names, col_names = cfg.row_names(), cfg.col_names()
     out_names = cfg.col_out_names()
     chunks = -(-nb // n)
-    levels = cfg.diag_levels
 
     out_types = [jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)]
     if out_names:
@@ -613,26 +711,12 @@ def dkv_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
         h = lax.axis_index("h")
         j = lax.axis_index("kb")
         b = lax.axis_index("b")
-        keys = (b, pl.ds(j * n, n), h)
-        plgpu.copy_gmem_to_smem(k_ref.at[keys], k_s, bars.at[0])
-        plgpu.copy_gmem_to_smem(v_ref.at[keys], v_s, bars.at[1])
-        plgpu.copy_gmem_to_smem(colp_ref.at[b, h, j], colp_s, bars.at[2])
-        if fpa:
-            minima = pl.ds(0, levels)  # the diagonal's level minima (for the bias)
-            plgpu.copy_gmem_to_smem(rowd_ref.at[b, h, j, minima], rowd_s, bars.at[3])
-            plgpu.copy_gmem_to_smem(cold_ref.at[b, h, j, minima], cold_s, bars.at[4])
-            plgpu.copy_gmem_to_smem(beta_ref.at[h], beta_s, bars.at[5])
-
-        def fetch(i, slot):
-            rows_at = (b, pl.ds(i * n, n), h)
-            plgpu.copy_gmem_to_smem(q_ref.at[rows_at], q_s.at[slot], bars.at[6 + slot])
-            plgpu.copy_gmem_to_smem(do_ref.at[rows_at], do_s.at[slot], bars.at[8 + slot])
-            plgpu.copy_gmem_to_smem(rowp_ref.at[b, h, i], rowp_s.at[slot], bars.at[10 + slot])
-
+        fpa_inputs = ((rowd_ref, rowd_s), (cold_ref, cold_s), (beta_ref, beta_s))
+        keys = _load_own_block(cfg, n, b, h, j, ((k_ref, k_s), (v_ref, v_s)), (colp_ref, colp_s),
+                               fpa_inputs, bars)
+        fetch = _stream_fetch(n, b, h, ((q_ref, q_s), (do_ref, do_s)), (rowp_ref, rowp_s), bars)
         fetch(j, 0)
-        for index in range(3 + (3 if fpa else 0)):
-            plgpu.barrier_wait(bars.at[index])
-        beta = beta_s[0, 0] if fpa else None  # a scalar
+        beta = _wait_own_block(cfg, bars, beta_s)
         cols = _Vectors(colp_s, col_names, axis=0)
         diag_cols = _Vectors(cold_s, ["suf"], axis=0) if fpa else None
         diag_rows = _Vectors(rowd_s, ["pre"], axis=1) if fpa else None
@@ -647,17 +731,10 @@ def dkv_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
 
         def step(i, slot, carry, diagonal):
             state, gap_min, gap_mass = carry
-
-            @pl.when(i + 1 < end)
-            def _():
-                plgpu.commit_smem()  # order the last step's reads of that slot before the TMA
-                fetch(i + 1, 1 - slot)
-
-            for index in (6, 8, 10):
-                plgpu.barrier_wait(bars.at[index + slot])
+            _advance_stream(fetch, bars, i + 1 < end, i + 1, slot)
             rows = _Vectors(rowp_s.at[slot], row_names, axis=1)
 
-            def compute(state, field_work=True):
+            def compute(state, r, path, field_work=True):
                 dk, dv, col_acc = state
                 tile = _Tile(cfg, 1, rows, cols, beta)
                 probs_of = functools.partial(tile.biased_probs, diagonal=diagonal,
@@ -686,26 +763,12 @@ def dkv_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
                     col_acc = column_sums(col_acc)
                 return dk, dv, col_acc
 
-            r = path = None
-            if cfg.separable and not diagonal:
-                r, path = _share_path(cfg, rows, cols, gap_min)
-            run = _by_path(compute, path)
-            if diagonal or not cfg.prunes:
-                state = run(state)
-            else:
-                skip = _skip_tile(cfg, rows, cols, gap_min, beta)
-                state = lax.cond(skip, lambda s: s, run, state)
-            if fpa and not diagonal:
-                gap_min, gap_mass = _gap_update(gap_min, gap_mass, rows.scalar("bmin"),
-                                                rows.scalar("bmass"), cfg.tau)
-            return state, gap_min, gap_mass
+            return _sweep_tile(cfg, compute, state, rows, cols, rows, (gap_min, gap_mass), beta,
+                               diagonal)
 
         zeros_tile = _zeros((n, head_dim), plgpu.Layout.WGMMA)
         col_acc = tuple(_zeros((n,), plgpu.Layout.WGMMA.reduce(1)) for _ in out_names)
-        gap_min = gap_mass = None
-        if fpa:  # scalars: the gap's minimum and soft-min mass
-            gap_min, gap_mass = jnp.float32(BIG), jnp.float32(0.0)
-        carry = ((zeros_tile, zeros_tile, col_acc), gap_min, gap_mass)
+        carry = ((zeros_tile, zeros_tile, col_acc), *_initial_gap(cfg))
         carry = step(j, lax.rem(j, 1), carry, diagonal=True)  # slot 0, traced (_accumulate)
         carry = lax.fori_loop(j + 1, end,
                               lambda i, c: step(i, lax.rem(i - j, 2), c, diagonal=False), carry)
@@ -726,14 +789,7 @@ def dkv_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
 
     dtype = q.dtype
     scratch = [
-        swizzled_smem((n, head_dim), dtype), swizzled_smem((n, head_dim), dtype),
-        plgpu.SMEM((2, n, head_dim), dtype, transforms=swizzled_smem((n, head_dim), dtype).transforms),
-        plgpu.SMEM((2, n, head_dim), dtype, transforms=swizzled_smem((n, head_dim), dtype).transforms),
-        plgpu.SMEM((2, packed_rows(row_names), n), jnp.float32),
-        plgpu.SMEM((packed_rows(col_names), n), jnp.float32),
-        plgpu.SMEM((levels, n), jnp.float32) if fpa else None,
-        plgpu.SMEM((levels, n), jnp.float32) if fpa else None,
-        plgpu.SMEM((1, n), jnp.float32) if fpa else None,
+        *_sweep_scratch(cfg, n, head_dim, dtype, row_slots=2, col_slots=1),
         *(None if cfg.lhs_in_registers else swizzled_smem((n, n), dtype) for _ in range(2)),
         plgpu.SMEM((max(len(out_names), 1), n), jnp.float32),
         plgpu.SMEM((chunks, n), jnp.float32) if fpa else None,
@@ -796,7 +852,6 @@ def dq_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
     fpa = cfg.mode == "fpa"
     row_names, col_names = cfg.row_names(), cfg.col_names()
     out_names = cfg.row_out_names()
-    levels = cfg.diag_levels
 
     out_types = [jax.ShapeDtypeStruct(q.shape, q.dtype)]
     if out_names:
@@ -810,26 +865,12 @@ def dq_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
         h = lax.axis_index("h")
         i = nb - 1 - lax.axis_index("qb")  # longest rows first
         b = lax.axis_index("b")
-        queries = (b, pl.ds(i * n, n), h)
-        plgpu.copy_gmem_to_smem(q_ref.at[queries], q_s, bars.at[0])
-        plgpu.copy_gmem_to_smem(do_ref.at[queries], do_s, bars.at[1])
-        plgpu.copy_gmem_to_smem(rowp_ref.at[b, h, i], rowp_s, bars.at[2])
-        if fpa:
-            minima = pl.ds(0, levels)  # the diagonal's level minima (for the bias)
-            plgpu.copy_gmem_to_smem(rowd_ref.at[b, h, i, minima], rowd_s, bars.at[3])
-            plgpu.copy_gmem_to_smem(cold_ref.at[b, h, i, minima], cold_s, bars.at[4])
-            plgpu.copy_gmem_to_smem(beta_ref.at[h], beta_s, bars.at[5])
-
-        def fetch(j, slot):
-            keys_at = (b, pl.ds(j * n, n), h)
-            plgpu.copy_gmem_to_smem(k_ref.at[keys_at], k_s.at[slot], bars.at[6 + slot])
-            plgpu.copy_gmem_to_smem(v_ref.at[keys_at], v_s.at[slot], bars.at[8 + slot])
-            plgpu.copy_gmem_to_smem(colp_ref.at[b, h, j], colp_s.at[slot], bars.at[10 + slot])
-
+        fpa_inputs = ((rowd_ref, rowd_s), (cold_ref, cold_s), (beta_ref, beta_s))
+        queries = _load_own_block(cfg, n, b, h, i, ((q_ref, q_s), (do_ref, do_s)),
+                                  (rowp_ref, rowp_s), fpa_inputs, bars)
+        fetch = _stream_fetch(n, b, h, ((k_ref, k_s), (v_ref, v_s)), (colp_ref, colp_s), bars)
         fetch(i, 0)
-        for index in range(3 + (3 if fpa else 0)):
-            plgpu.barrier_wait(bars.at[index])
-        beta = beta_s[0, 0] if fpa else None  # a scalar
+        beta = _wait_own_block(cfg, bars, beta_s)
         rows = _Vectors(rowp_s, row_names, axis=0)
         diag_cols = _Vectors(cold_s, ["suf"], axis=1) if fpa else None
         diag_rows = _Vectors(rowd_s, ["pre"], axis=0) if fpa else None
@@ -841,17 +882,10 @@ def dq_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
 
         def step(j, slot, carry, diagonal):
             state, gap_min, gap_mass = carry
-
-            @pl.when(j - 1 >= j_lo)
-            def _():
-                plgpu.commit_smem()  # order the last step's reads of that slot before the TMA
-                fetch(j - 1, 1 - slot)
-
-            for index in (6, 8, 10):
-                plgpu.barrier_wait(bars.at[index + slot])
+            _advance_stream(fetch, bars, j - 1 >= j_lo, j - 1, slot)
             cols = _Vectors(colp_s.at[slot], col_names, axis=1)
 
-            def compute(state, field_work=True):
+            def compute(state, r, path, field_work=True):
                 dq, row_acc = state
                 tile = _Tile(cfg, 0, rows, cols, beta)
                 probs_of = functools.partial(tile.biased_probs, diagonal=diagonal,
@@ -882,26 +916,12 @@ def dq_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
                     row_acc = row_sums(row_acc)
                 return dq, row_acc
 
-            r = path = None
-            if cfg.separable and not diagonal:
-                r, path = _share_path(cfg, rows, cols, gap_min)
-            run = _by_path(compute, path)
-            if diagonal or not cfg.prunes:
-                state = run(state)
-            else:
-                skip = _skip_tile(cfg, rows, cols, gap_min, beta)
-                state = lax.cond(skip, lambda s: s, run, state)
-            if fpa and not diagonal:
-                gap_min, gap_mass = _gap_update(gap_min, gap_mass, cols.scalar("bmin"),
-                                                cols.scalar("bmass"), cfg.tau)
-            return state, gap_min, gap_mass
+            return _sweep_tile(cfg, compute, state, rows, cols, cols, (gap_min, gap_mass), beta,
+                               diagonal)
 
         zeros_tile = _zeros((n, head_dim), plgpu.Layout.WGMMA)
         row_acc = tuple(_zeros((n,), plgpu.Layout.WGMMA.reduce(1)) for _ in out_names)
-        gap_min = gap_mass = None
-        if fpa:  # scalars: the gap's minimum and soft-min mass
-            gap_min, gap_mass = jnp.float32(BIG), jnp.float32(0.0)
-        carry = step(i, lax.rem(i, 1), ((zeros_tile, row_acc), gap_min, gap_mass),
+        carry = step(i, lax.rem(i, 1), ((zeros_tile, row_acc), *_initial_gap(cfg)),
                      diagonal=True)  # slot 0, traced (_accumulate)
 
         def off_diagonal(m, c):
@@ -919,16 +939,8 @@ def dq_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
         plgpu.wait_smem_to_gmem(0)
 
     dtype = q.dtype
-    tile_transforms = swizzled_smem((n, head_dim), dtype).transforms
     scratch = [
-        swizzled_smem((n, head_dim), dtype), swizzled_smem((n, head_dim), dtype),
-        plgpu.SMEM((2, n, head_dim), dtype, transforms=tile_transforms),
-        plgpu.SMEM((2, n, head_dim), dtype, transforms=tile_transforms),
-        plgpu.SMEM((packed_rows(row_names), n), jnp.float32),
-        plgpu.SMEM((2, packed_rows(col_names), n), jnp.float32),
-        plgpu.SMEM((levels, n), jnp.float32) if fpa else None,
-        plgpu.SMEM((levels, n), jnp.float32) if fpa else None,
-        plgpu.SMEM((1, n), jnp.float32) if fpa else None,
+        *_sweep_scratch(cfg, n, head_dim, dtype, row_slots=1, col_slots=2),
         None if cfg.lhs_in_registers else swizzled_smem((n, n), dtype),
         plgpu.SMEM((max(len(out_names), 1), n), jnp.float32),
         plgpu.Barrier(num_barriers=12),

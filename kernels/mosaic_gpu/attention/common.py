@@ -1,5 +1,7 @@
 """Constants and helpers shared by the attention kernels and their XLA pre- and post-passes.
 
+    BLOCK                the kernels' tile size n (queries and keys per block; one
+                         warpgroup's wgmma tile)
     BIG                  stands for +inf in minima (no inf - inf)
     SUPPORTED_HEAD_DIMS  head dims the kernels are built for
     decay(excess, tau)   exp(-excess / tau) for excess >= 0 (clamped), with a multiply
@@ -21,6 +23,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+BLOCK = 64
 BIG = 1e30
 SUPPORTED_HEAD_DIMS = (64, 128)
 COMPILER_PARAMS = plgpu.CompilerParams(approx_math=True,

@@ -37,11 +37,11 @@ import jax
 import jax.numpy as jnp
 
 from kernels.mosaic_gpu.attention.bias import FPABias, NoBias, SeparableBias
-from kernels.mosaic_gpu.attention.common import BIG, SUPPORTED_HEAD_DIMS, dead_key_bounds
+from kernels.mosaic_gpu.attention.common import BIG, BLOCK, SUPPORTED_HEAD_DIMS, dead_key_bounds
 from kernels.mosaic_gpu.attention.fields import at_block_ends, level_stats
 from mixer_core.interpret import interpret_active
 from mixer_core.padding import pad_time
-from kernels.mosaic_gpu.attention.forward_kernel import BLOCK, LOG2E, ForwardConfig, forward_kernel
+from kernels.mosaic_gpu.attention.forward_kernel import LOG2E, ForwardConfig, forward_kernel
 
 
 def pruning_margin(length: int) -> float:

@@ -8,8 +8,8 @@ Runs on a Hopper GPU (or the CPU in GPU interpret mode, for tests) with bf16/fp1
 
 import jax.numpy as jnp
 
-from kernels.mosaic_gpu.gated_delta import chunked, state_kernels
-from kernels.mosaic_gpu.gated_delta.common import SUPPORTED_DIMS
+from kernels.mosaic_gpu.gated_delta import state_kernels, vjp
+from kernels.mosaic_gpu.gated_delta.common import CHUNK, SUPPORTED_DIMS
 from mixer_core.registry import mosaic_gpu_reason
 
 def supports(**facts):
@@ -21,11 +21,11 @@ def supports(**facts):
     if key_dim not in SUPPORTED_DIMS or value_dim not in SUPPORTED_DIMS:
         return (f"needs K and V in {SUPPORTED_DIMS}, got K = {key_dim}, "
                 f"V = {value_dim}")
-    if facts.get("chunk_size") != chunked.CHUNK:
-        return f"needs chunk_size {chunked.CHUNK}, got {facts.get('chunk_size')}"
+    if facts.get("chunk_size") != CHUNK:
+        return f"needs chunk_size {CHUNK}, got {facts.get('chunk_size')}"
     try:
         dtype = jnp.dtype(facts.get("dtype", jnp.float32))
-        state_kernels.choose_tiling(-(-facts["seq_len"] // chunked.CHUNK), chunked.CHUNK,
+        state_kernels.choose_tiling(-(-facts["seq_len"] // CHUNK), CHUNK,
                                     key_dim, value_dim, dtype)
     except ValueError as error:
         return str(error)
@@ -34,8 +34,8 @@ def supports(**facts):
 
 def gated_delta_rule_pallas(q, k, v, g, beta, *, scale, initial_state, segment_ids, chunk_size):
     """The registry's `fn`: (out [B, T, HV, V] float32, final_state [B, HV, K, V] float32)."""
-    if chunk_size != chunked.CHUNK:
-        raise ValueError(f"chunk_size: the pallas kernels need {chunked.CHUNK}, got {chunk_size}")
-    return chunked.chunked_forward_pallas(q, k, v, g, beta, scale=scale,
+    if chunk_size != CHUNK:
+        raise ValueError(f"chunk_size: the pallas kernels need {CHUNK}, got {chunk_size}")
+    return vjp.chunked_forward_pallas(q, k, v, g, beta, scale=scale,
                                           initial_state=initial_state, segment_ids=segment_ids)
 

@@ -45,10 +45,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from kernels.mosaic_gpu.gated_delta import wy, wy_kernel
-from kernels.mosaic_gpu.gated_delta.common import SMEM_BYTES
+from kernels.mosaic_gpu.gated_delta.common import CHUNK, SMEM_BYTES
 from kernels.mosaic_gpu.common import matmul, swizzled_smem
-
-CHUNK = wy_kernel.CHUNK
 
 
 def smem_bytes(key_dim, value_dim, operand_dtype) -> int:

@@ -35,10 +35,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from kernels.mosaic_gpu.gated_delta import wy
-from kernels.mosaic_gpu.gated_delta.common import SMEM_BYTES
+from kernels.mosaic_gpu.gated_delta.common import CHUNK, SMEM_BYTES
 from kernels.mosaic_gpu.common import matmul, swizzled_smem
-
-CHUNK = 64
 
 
 def smem_bytes(key_dim, value_dim, operand_dtype, with_inverse) -> int:

@@ -17,9 +17,8 @@ import jax.numpy as jnp
 from mixer_core import shard
 from kernels.mosaic_gpu.attention.forward import document_start_index
 from mixer_core.padding import pad_time
-from kernels.mosaic_gpu.short_conv.backward_kernel import BLOCK, PAD, conv_backward
-
-GROUP = 64        # channels per program without normalize_heads
+from kernels.mosaic_gpu.short_conv.backward_kernel import conv_backward
+from kernels.mosaic_gpu.short_conv.common import BLOCK, GROUP, PAD
 
 
 def head_width(channels: int, normalize_heads: int | None) -> int:

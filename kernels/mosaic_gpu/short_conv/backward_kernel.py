@@ -28,9 +28,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from kernels.mosaic_gpu.common import swizzled_smem
-
-PAD = 8              # front padding of x and the ids; taps W <= PAD + 1
-BLOCK = 64           # rows per program
+from kernels.mosaic_gpu.short_conv.common import BLOCK, PAD
 
 
 def conv_backward(xp, dy, idsp, taps, *, normalize: bool, eps: float):

@@ -8,8 +8,8 @@ default (implementation=None) falls back to "xla".
 """
 
 from mixer_core.registry import mosaic_gpu_reason
-from kernels.mosaic_gpu.short_conv.backward_kernel import PAD
-from kernels.mosaic_gpu.short_conv.backward import GROUP, conv_backward_pass, head_width
+from kernels.mosaic_gpu.short_conv.backward import conv_backward_pass, head_width
+from kernels.mosaic_gpu.short_conv.common import GROUP, PAD
 
 def supports(**facts):
     """None if the kernel runs on these inputs, else the reason."""

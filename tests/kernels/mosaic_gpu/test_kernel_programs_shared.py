@@ -13,7 +13,7 @@ import pytest
 
 from mixer_core import interpret
 from kernels.mosaic_gpu.attention.vjp import fpa_pallas
-from kernels.mosaic_gpu.gated_delta.chunked import chunked_forward_pallas
+from kernels.mosaic_gpu.gated_delta.vjp import chunked_forward_pallas
 from gdn_jax.ops.short_conv import short_conv_pallas
 
 

@@ -2,7 +2,7 @@
 version (`wy.prepare_reference`), its CUDA lowering, the hand-written backward
 (`wy.prepare_backward`) against autodiff of `wy.prepare_reference` with the same inverse, and
 the backward kernel (`wy_backward_kernel.backward`) against both, its CUDA lowering and the
-op's gradients with it switched on (`chunked.INTRA_BACKWARD`)."""
+op's gradients with it switched on (`vjp.INTRA_BACKWARD`)."""
 
 import functools
 
@@ -13,7 +13,7 @@ import pytest
 
 from mixer_core import interpret
 from gdn_jax.ops import api
-from kernels.mosaic_gpu.gated_delta import chunked, wy, wy_backward_kernel, wy_kernel
+from kernels.mosaic_gpu.gated_delta import vjp, wy, wy_backward_kernel, wy_kernel
 from tests.seeds import case_seed
 
 
@@ -222,7 +222,7 @@ def test_op_gradients_with_backward_kernel(monkeypatch):
     d_out = jnp.asarray(rng.standard_normal((batch, seq_len, heads * group, dim)), jnp.float32)
 
     def gradients(implementation, intra_backward):
-        monkeypatch.setattr(chunked, "INTRA_BACKWARD", intra_backward)
+        monkeypatch.setattr(vjp, "INTRA_BACKWARD", intra_backward)
         loss = lambda *xs: jnp.sum(d_out * api.gated_delta_rule(
             *xs, segment_ids=segment_ids, implementation=implementation)[0])
         return jax.jit(jax.grad(loss, argnums=range(5)))(*args)

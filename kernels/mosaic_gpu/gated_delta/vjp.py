@@ -34,8 +34,7 @@ from mixer_core.delta_rule_math import compute_dtype
 from kernels.mosaic_gpu.gated_delta import state_kernels, wy, wy_backward_kernel, wy_kernel
 from mixer_core.interpret import interpret_active
 from mixer_core.padding import pad_time
-
-CHUNK = 64
+from kernels.mosaic_gpu.gated_delta.common import CHUNK
 
 # The backward of the WY preparation: "xla" runs the WY kernel again for T = (I + A)^{-1}, then
 # `wy.prepare_backward`; "pallas" runs `wy_backward_kernel.backward` (T formed inside, one
