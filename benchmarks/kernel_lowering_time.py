@@ -6,9 +6,9 @@ Lowers one jitted FPA forward+backward (`fpa_pallas`, bf16) with
 `lower(lowering_platforms=("cuda",))`, so it runs on a machine without a GPU: the Pallas ->
 Mosaic GPU lowering in Python, including the register-layout inference that the "warpgroup"
 lowering semantics (jax's default) runs and "lane" (the kernels' choice,
-kernels/mosaic_gpu/attention/common.py) skips. Prints, per kernel, the lowering seconds and the part spent in
-layout inference. The LLVM / ptxas stage runs only on the GPU. `--lowering warpgroup`
-switches this process's attention kernels only.
+kernels/mosaic_gpu/attention/common.py) skips. Prints, per kernel, the lowering seconds and
+the part spent in layout inference. The LLVM / ptxas stage runs only on the GPU.
+`--lowering warpgroup` switches this process's attention kernels only.
 """
 
 import argparse
