@@ -21,8 +21,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kernels.mosaic_gpu.attention import backward as bwd
-from kernels.mosaic_gpu.attention.bias import FPABias, NoBias, SeparableBias
+from mixer_kernels.mosaic_gpu.attention import backward as bwd
+from mixer_kernels.mosaic_gpu.attention.bias import FPABias, NoBias, SeparableBias
 
 
 E2E_ONLY = "--e2e" in sys.argv  # skip the xla backward: e2e vs xla forward + kernel backward

@@ -2,7 +2,7 @@
 
     python benchmarks/attention_fpa_profile.py [--shape 4,4096,12,64] [--trace] [--out DIR]
 
-Parts of `attention_backward` (kernels/mosaic_gpu/attention/backward.py), each jitted and timed
+Parts of `attention_backward` (mixer_kernels/mosaic_gpu/attention/backward.py), each jitted and timed
 alone (median of 20, ms) on bf16 random inputs, FPA and, for scale, FoX at the same shape:
     forward      the forward kernel (float32 out residual included for FPA)
     prepare      XLA pre-pass: padding, delta, field statistics per level, packed vectors
@@ -30,11 +30,11 @@ import numpy as np  # noqa: E402
 
 from benchmarks.bench_fpa import make_inputs  # noqa: E402
 from benchmarks.timing import jax_median_ms  # noqa: E402
-from kernels.mosaic_gpu.attention import backward as bwd  # noqa: E402
-from kernels.mosaic_gpu.attention.bias import FPABias, SeparableBias  # noqa: E402
-from kernels.mosaic_gpu.attention.backward_diagonal_kernel import diagonal_shares_kernel  # noqa: E402
-from kernels.mosaic_gpu.attention.backward_kernels import dkv_kernel, dq_kernel  # noqa: E402
-from kernels.mosaic_gpu.attention.forward import attention_forward  # noqa: E402
+from mixer_kernels.mosaic_gpu.attention import backward as bwd  # noqa: E402
+from mixer_kernels.mosaic_gpu.attention.bias import FPABias, SeparableBias  # noqa: E402
+from mixer_kernels.mosaic_gpu.attention.backward_diagonal_kernel import diagonal_shares_kernel  # noqa: E402
+from mixer_kernels.mosaic_gpu.attention.backward_kernels import dkv_kernel, dq_kernel  # noqa: E402
+from mixer_kernels.mosaic_gpu.attention.forward import attention_forward  # noqa: E402
 
 
 def parts(name, x, shape, prune):

@@ -107,8 +107,8 @@ def run_extras(args):
     import numpy as np
 
     from fpa_jax import fpa_attention
-    from kernels.mosaic_gpu.attention.bias import FPABias, SeparableBias
-    from kernels.mosaic_gpu.attention.forward import attention_forward
+    from mixer_kernels.mosaic_gpu.attention.bias import FPABias, SeparableBias
+    from mixer_kernels.mosaic_gpu.attention.forward import attention_forward
 
     rows = []
     for seed, shape in enumerate(shapes(args)):

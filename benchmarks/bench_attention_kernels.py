@@ -30,8 +30,8 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import fpa_jax  # noqa: E402
-from kernels.mosaic_gpu.attention.bias import FPABias, NoBias, SeparableBias  # noqa: E402
-from kernels.mosaic_gpu.attention.forward import attention_forward  # noqa: E402
+from mixer_kernels.mosaic_gpu.attention.bias import FPABias, NoBias, SeparableBias  # noqa: E402
+from mixer_kernels.mosaic_gpu.attention.forward import attention_forward  # noqa: E402
 
 from benchmarks.timing import jax_median_ms  # noqa: E402
 

@@ -22,7 +22,7 @@ def run_jax(path, shape=(2, 4096, 16, 128)):
     import jax
     import jax.numpy as jnp
     from benchmarks import gated_delta_gpu_check as gpu_check
-    from kernels.mosaic_gpu.gated_delta.vjp import chunked_forward_pallas
+    from mixer_kernels.mosaic_gpu.gated_delta.vjp import chunked_forward_pallas
     from gdn_jax.ops.chunk import chunked_forward
     x = gpu_check.make_inputs(*shape, seed=7)
     args = [x[n] for n in NAMES]

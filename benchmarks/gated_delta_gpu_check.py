@@ -19,7 +19,7 @@ import numpy as np
 import jax
 import jax.numpy as jnp
 
-from kernels.mosaic_gpu.gated_delta import state_kernels as sk
+from mixer_kernels.mosaic_gpu.gated_delta import state_kernels as sk
 
 SHAPES = ((4, 4096, 16, 128), (1, 16384, 16, 128))
 ROWS = []
@@ -117,7 +117,7 @@ def programs(implementation, value_tile=None):
     """Jitted forward and forward+backward of the chunked path (module functions, so that a
     half-edited op registry cannot break the check)."""
     if implementation == "pallas":
-        from kernels.mosaic_gpu.gated_delta.vjp import chunked_forward_pallas
+        from mixer_kernels.mosaic_gpu.gated_delta.vjp import chunked_forward_pallas
 
         def chunked(*a, **kw):
             return chunked_forward_pallas(*a, value_tile=value_tile, **kw)
@@ -158,7 +158,7 @@ def check_xla_parts(batch, seq_len, heads, dim):
     intra = jax.jit(lambda *a: xla_chunk._intra_chunk(*a, None, None))
     row(f"xla_intra {name}", ms=bench(intra, q, k, v, g, beta))
     parts = intra(q, k, v, g, beta)
-    from kernels.mosaic_gpu.gated_delta import wy, wy_kernel
+    from mixer_kernels.mosaic_gpu.gated_delta import wy, wy_kernel
     rows, _ = wy.chunk_rows(x["g"], x["beta"], None, n, 64)
     raw = [x[m] for m in ("q", "k", "v")]
     kernel = jax.jit(lambda *a: wy_kernel.prepare(*a, scale=dim ** -0.5))

@@ -2,7 +2,7 @@
 
     python benchmarks/hlo_op_count.py [--op fpa|fox|softmax] [--shape 8,2048,12,64] [--top 25]
 
-Lowers the op's forward and backward programs (kernels/mosaic_gpu/attention/vjp.py, the ones a
+Lowers the op's forward and backward programs (mixer_kernels/mosaic_gpu/attention/vjp.py, the ones a
 model's layers share) for CUDA on this machine, and counts the StableHLO ops of each by the
 innermost line of this repository that made them; the Mosaic GPU kernels are one custom call
 each. A model's train step calls these programs once per layer, and XLA inlines every call
@@ -20,7 +20,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from kernels.mosaic_gpu.attention import vjp  # noqa: E402
+from mixer_kernels.mosaic_gpu.attention import vjp  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + "/"
 

@@ -6,7 +6,7 @@ Lowers one jitted FPA forward+backward (`fpa_pallas`, bf16) with
 `lower(lowering_platforms=("cuda",))`, so it runs on a machine without a GPU: the Pallas ->
 Mosaic GPU lowering in Python, including the register-layout inference that the "warpgroup"
 lowering semantics (jax's default) runs and "lane" (the kernels' choice,
-kernels/mosaic_gpu/attention/common.py) skips. Prints, per kernel, the lowering seconds and
+mixer_kernels/mosaic_gpu/attention/common.py) skips. Prints, per kernel, the lowering seconds and
 the part spent in layout inference. The LLVM / ptxas stage runs only on the GPU.
 `--lowering warpgroup` switches this process's attention kernels only.
 """
@@ -49,7 +49,7 @@ def instrument():
 
 
 def use_lowering(semantics):
-    from kernels.mosaic_gpu.attention import backward_diagonal_kernel, backward_kernels, forward_kernel
+    from mixer_kernels.mosaic_gpu.attention import backward_diagonal_kernel, backward_kernels, forward_kernel
     params = plgpu.CompilerParams(approx_math=True,
                                   lowering_semantics=getattr(plgpu.LoweringSemantics,
                                                              semantics.capitalize()))
@@ -64,7 +64,7 @@ def main():
     args = parser.parse_args()
     records = instrument()
     use_lowering(args.lowering)
-    from kernels.mosaic_gpu.attention.vjp import fpa_pallas
+    from mixer_kernels.mosaic_gpu.attention.vjp import fpa_pallas
 
     batch, length, heads, dim = (int(n) for n in args.shape.split(","))
     x = jnp.zeros((batch, length, heads, dim), jnp.bfloat16)

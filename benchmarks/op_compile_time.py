@@ -7,7 +7,7 @@ For each op ("pallas" kernels, bf16, one jitted vjp with a random cotangent for 
 differentiable input, as benchmarks/op_trace.py): seconds to trace, lower (the kernels' MLIR
 is built here, in Python) and compile (XLA's passes, the Mosaic GPU kernels' own compile and
 ptxas). `fields` is FPA's field statistics and the field-gradient spreads alone
-(kernels/mosaic_gpu/attention/fields.py: level_stats and field_gradient, no kernel), so
+(mixer_kernels/mosaic_gpu/attention/fields.py: level_stats and field_gradient, no kernel), so
 fpa - fox - fields is roughly what FPA's kernels add over FoX's. Every op is compiled in a fresh
 process, so no kernel compiled for one op is reused by the next. Prints a table.
 """
@@ -26,8 +26,8 @@ def fields_inputs(shape, rng):
     """phi [B, H, T] and the kernels' shares: per level [B, H, Lv, T], gap totals [B, H, nb, nb]."""
     import jax.numpy as jnp
 
-    from kernels.mosaic_gpu.attention import fields
-    from kernels.mosaic_gpu.attention.backward import BLOCK
+    from mixer_kernels.mosaic_gpu.attention import fields
+    from mixer_kernels.mosaic_gpu.attention.backward import BLOCK
 
     batch, length, heads, _ = shape
     levels = fields.num_levels(BLOCK)
@@ -38,8 +38,8 @@ def fields_inputs(shape, rng):
 
 def fields_function(phi, col_share, row_share, gap_total):
     """The field statistics and the field gradient: FPA's XLA passes, no kernel."""
-    from kernels.mosaic_gpu.attention import fields
-    from kernels.mosaic_gpu.attention.backward import BLOCK
+    from mixer_kernels.mosaic_gpu.attention import fields
+    from mixer_kernels.mosaic_gpu.attention.backward import BLOCK
 
     pre_min, _, suf_min, _ = fields.level_stats(phi, BLOCK, 1.0)
     return fields.field_gradient(col_share, row_share, gap_total, phi, BLOCK, 1.0, pre_min,

@@ -115,9 +115,9 @@ def trace_one(op, shape, fields, repeats, top, out_dir):
 def _knobs(op):
     """The module switches this run's kernels were traced with."""
     if op == "gdn":
-        from kernels.mosaic_gpu.gated_delta import vjp
+        from mixer_kernels.mosaic_gpu.gated_delta import vjp
         return {"intra_backward": vjp.INTRA_BACKWARD}
-    from kernels.mosaic_gpu.attention import backward
+    from mixer_kernels.mosaic_gpu.attention import backward
     return {"overlap": dict(backward.OVERLAP)}
 
 
@@ -130,19 +130,19 @@ def main():
     parser.add_argument("--top", type=int, default=20)
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     parser.add_argument("--intra-backward", choices=("xla", "pallas"), default=None,
-                        help="gdn: the WY preparation's backward (kernels/mosaic_gpu/gated_delta/"
+                        help="gdn: the WY preparation's backward (mixer_kernels/mosaic_gpu/gated_delta/"
                              "vjp.py INTRA_BACKWARD)")
     parser.add_argument("--overlap", choices=("none", "dq", "dkv", "both"), default=None,
                         help="attention: the backward sweeps that issue the scores' and dP's "
                              "matmuls together, for every bias mode (unset: the library's "
-                             "per-mode kernels/mosaic_gpu/attention/backward.py OVERLAP)")
+                             "per-mode mixer_kernels/mosaic_gpu/attention/backward.py OVERLAP)")
     args = parser.parse_args()
     if args.overlap is not None:
-        from kernels.mosaic_gpu.attention import backward
+        from mixer_kernels.mosaic_gpu.attention import backward
         schedule = (args.overlap in ("dq", "both"), args.overlap in ("dkv", "both"))
         backward.OVERLAP = {mode: schedule for mode in backward.OVERLAP}
     if args.intra_backward is not None:
-        from kernels.mosaic_gpu.gated_delta import vjp
+        from mixer_kernels.mosaic_gpu.gated_delta import vjp
         vjp.INTRA_BACKWARD = args.intra_backward
     regimes = args.fields.split(",") if args.op == "fpa" else [args.fields]
     for text in args.shape:

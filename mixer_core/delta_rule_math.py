@@ -1,5 +1,5 @@
 """Delta-rule math shared by the XLA paths (`gdn_jax.ops`) and the Pallas kernels
-(`kernels.mosaic_gpu.gated_delta`): below both, so the kernels import nothing from the ops.
+(`mixer_kernels.mosaic_gpu.gated_delta`): below both, so the kernels import nothing from the ops.
 
     state_resets(segment_ids, shape)   [B, T] bool: where the state restarts from zero
     compute_dtype(*arrays)             float32 for 16/32-bit inputs, float64 for float64

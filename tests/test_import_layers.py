@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("mixer_core", "kernels", "fpa_jax", "gdn_jax", "train")     # the modules checked
+PACKAGES = ("mixer_core", "mixer_kernels", "fpa_jax", "gdn_jax", "train")     # the modules checked
 ABOVE = ("benchmarks", "tests")         # may import the packages, never imported by them
 
 # bottom to top; a module belongs to the layer of the longest prefix that names it
@@ -22,7 +22,7 @@ LAYERS = (
     # the ground floor: registry, ranges, padding, interpreter switch, mesh axes and shard_map
     ("library core", ("mixer_core",)),
     # the kernels, by backend: the core and their own backend only, nothing from the ops
-    ("kernels", ("kernels",)),
+    ("kernels", ("mixer_kernels",)),
     ("library ops", ("fpa_jax", "gdn_jax")),
     ("train.data", ("train", "train.data")),       # "train": its __init__ imports nothing
     ("train.checkpoint", ("train.checkpoint",)),
@@ -102,11 +102,11 @@ def test_every_module_imports_only_from_its_layer_and_below():
 
 
 def test_a_kernel_backend_imports_only_the_core_and_itself():
-    """kernels/<backend>/ imports mixer_core and its own backend, no other backend."""
+    """mixer_kernels/<backend>/ imports mixer_core and its own backend, no other backend."""
     problems = []
     for module, path in MODULES.items():
         parts = module.split(".")
-        if parts[0] != "kernels" or len(parts) < 2:
+        if parts[0] != "mixer_kernels" or len(parts) < 2:
             continue
         backend = ".".join(parts[:2])
         for line, target in imported_modules(module, path):
@@ -173,9 +173,9 @@ def test_cycles_are_found():
 @pytest.mark.parametrize("module, layer", [
     ("fpa_jax.fpa.api", "library ops"), ("fpa_jax.context_shard", "library ops"),
     ("mixer_core.shard", "library core"), ("mixer_core.registry", "library core"),
-    ("kernels.mosaic_gpu.common", "kernels"), ("kernels.mosaic_gpu.attention.vjp", "kernels"),
-    ("kernels.mosaic_gpu.gated_delta.vjp", "kernels"),
-    ("kernels.mosaic_gpu.short_conv.backward", "kernels"),
+    ("mixer_kernels.mosaic_gpu.common", "kernels"), ("mixer_kernels.mosaic_gpu.attention.vjp", "kernels"),
+    ("mixer_kernels.mosaic_gpu.gated_delta.vjp", "kernels"),
+    ("mixer_kernels.mosaic_gpu.short_conv.backward", "kernels"),
     ("train.data.tokenizer", "train.data"),
     ("train.checkpoint.manager", "train.checkpoint"), ("train.core.fit", "train.core"),
     ("train.experiments.cpt", "train.experiments, train.tools"),

@@ -5,7 +5,7 @@ import jax, jax.numpy as jnp, numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
-from kernels.mosaic_gpu.common import swizzled_smem
+from mixer_kernels.mosaic_gpu.common import swizzled_smem
 PAD, n, D, W = 8, 64, 64, 4
 
 def pieces(xp, idsp, dy, taps, optimized):

@@ -1,6 +1,6 @@
 # One H200 call (about eight minutes): the backward sweeps' matmul schedule, sequential against
 # overlapped (the scores' and dP's matmuls issued together, P formed while dP's is in flight;
-# kernels/mosaic_gpu/attention/backward.py OVERLAP, here forced for every bias mode). Compiled gradients of the
+# mixer_kernels/mosaic_gpu/attention/backward.py OVERLAP, here forced for every bias mode). Compiled gradients of the
 # overlapped kernels against "xla" first, then per-kernel traces (benchmarks/op_trace.py, ptxas
 # register and spill lines kept) of FPA (FoX's and flat fields), FoX and softmax at each shape
 # in SHAPES under each schedule in SCHEDULES (none, dq, dkv, both). Writes overlap_ab.txt
@@ -9,7 +9,7 @@ export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 SHAPES=${SHAPES:-4,4096,12,64 8,2048,16,128}
 python3 - <<'PY' 2>&1 | grep -v Warning | tee $OUT/gradient_check_overlap.txt
 import sys
-from kernels.mosaic_gpu.attention import backward
+from mixer_kernels.mosaic_gpu.attention import backward
 backward.OVERLAP = {mode: (True, True) for mode in backward.OVERLAP}
 sys.argv = ["gradient_check_gpu.py", "--ops", "fpa,fox", "--dims", "64,128"]
 import runpy

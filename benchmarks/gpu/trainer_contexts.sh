@@ -3,14 +3,14 @@
 # grain, array_record, portpicker and tensorboardX in .whl/; writes bench_<preset>_<context>.json
 # and trainer_contexts.txt to $OUT. Knobs: PRESETS_2K, PRESETS_8K, STEPS, LIMIT (seconds per
 # run), INTRA ("xla" or "pallas": the GDN presets' WY backward,
-# kernels/mosaic_gpu/gated_delta/vjp.py INTRA_BACKWARD; unset: the library's default), CONV
+# mixer_kernels/mosaic_gpu/gated_delta/vjp.py INTRA_BACKWARD; unset: the library's default), CONV
 # ("xla": the GDN layers' short convolutions without their kernel backward, gdn_jax/ops/short_conv.py;
 # unset: the library's default).
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 bench() {  # preset context batch
   timeout ${LIMIT:-200} python3 -c "import sys
-from kernels.mosaic_gpu.gated_delta import vjp
+from mixer_kernels.mosaic_gpu.gated_delta import vjp
 vjp.INTRA_BACKWARD = '${INTRA}' or vjp.INTRA_BACKWARD
 from gdn_jax.ops import short_conv
 if '${CONV}' == 'xla': short_conv.REGISTRY.default_order = ('xla',)

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 from fpa_jax.baselines import flash_xla
 from fpa_jax.dispatch import attention_facts
 from fpa_jax.fpa import checks
-from kernels.mosaic_gpu.attention import register as pallas_backend
+from mixer_kernels.mosaic_gpu.attention import register as pallas_backend
 from mixer_core.registry import Registry
 
 

@@ -17,7 +17,7 @@ Implementations (`REGISTRY`, op name "softmax_attention"; default order
   "cudnn"      jax.nn.dot_product_attention(implementation="cudnn", is_causal=True), several
                times faster; supports a GPU, bf16/fp16, no segment_ids, no ALiBi, equal q/v
                head dims of at most 128 that are a multiple of 8 (`cudnn_supports`)
-  "pallas"     the Mosaic GPU kernels (`kernels.mosaic_gpu.attention.register`), imported here
+  "pallas"     the Mosaic GPU kernels (`mixer_kernels.mosaic_gpu.attention.register`), imported here
 An entry is `fn(q, k, v, segment_ids, alibi_slopes, *, scale, block_size) -> out` (q's dtype)
 on validated arrays; `supports` reads `fpa_jax.dispatch.attention_facts` plus has_alibi and
 block_size (docs/api.md).
@@ -29,7 +29,7 @@ import jax.numpy as jnp
 from fpa_jax.baselines import flash_xla
 from fpa_jax.dispatch import attention_facts
 from fpa_jax.fpa import checks
-from kernels.mosaic_gpu.attention import register as pallas_backend
+from mixer_kernels.mosaic_gpu.attention import register as pallas_backend
 from mixer_core.registry import Registry
 
 CUDNN_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))

@@ -6,7 +6,7 @@
 Implementations (`REGISTRY`, op name "fpa_attention"; default order ("pallas", "xla")):
   "reference"  dense T x T oracle (fpa_jax.fpa.reference); never chosen by default
   "xla"        blocked, O(T * block) memory (fpa_jax.fpa.xla); runs everywhere
-  "pallas"     the Mosaic GPU kernels (`kernels.mosaic_gpu.attention.register`), imported here
+  "pallas"     the Mosaic GPU kernels (`mixer_kernels.mosaic_gpu.attention.register`), imported here
 implementation=None takes the first entry of the default order that supports the inputs.
 
 An entry is `fn(q, k, v, phi, psi, beta, segment_ids, *, scale, tau, query_level, content,
@@ -21,7 +21,7 @@ from fpa_jax.fpa import checks
 from fpa_jax.fpa.reference import fpa_attention_reference
 from fpa_jax.fpa.tiles import BlockedConfig, choose_block_size
 from fpa_jax.fpa.xla import fpa_blocked
-from kernels.mosaic_gpu.attention import register as pallas_backend
+from mixer_kernels.mosaic_gpu.attention import register as pallas_backend
 from mixer_core.registry import Registry
 
 DEFAULT_BLOCK_SIZE = 64

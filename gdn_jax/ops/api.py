@@ -21,7 +21,7 @@ them by construction: g = -exp(A_log) softplus(.) <= 0, beta = sigmoid(.), k L2-
 Implementations (`REGISTRY`, op name "gated_delta_rule"; default order ("pallas", "xla")):
   "reference"  the token-by-token scan (`gdn_jax.ops.naive`); never chosen by default
   "xla"        chunked WY form (`gdn_jax.ops.chunk`), O(T * chunk) memory; runs everywhere
-  "pallas"     the Mosaic GPU kernels (`kernels.mosaic_gpu.gated_delta.register`: the entry and
+  "pallas"     the Mosaic GPU kernels (`mixer_kernels.mosaic_gpu.gated_delta.register`: the entry and
                its `supports`), imported here
 An entry is `fn(q, k, v, g, beta, *, scale, initial_state, segment_ids, chunk_size)
 -> (out [B, T, HV, V] (any float dtype; cast to v's here), final_state [B, HV, K, V] float32)`
@@ -39,7 +39,7 @@ import numpy as np
 from mixer_core.ranges import check_range
 from gdn_jax.ops.chunk import chunked_forward
 from gdn_jax.ops.naive import recurrent_forward
-from kernels.mosaic_gpu.gated_delta import register as pallas_backend
+from mixer_kernels.mosaic_gpu.gated_delta import register as pallas_backend
 from mixer_core.registry import Registry, platform_facts
 
 

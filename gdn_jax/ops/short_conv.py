@@ -15,7 +15,7 @@ Implementations (`REGISTRY`, op name "short_conv"; default order ("pallas", "xla
             float32 intermediates and XLA differentiates them; runs everywhere
   "pallas"  the same forward under a custom VJP, saving only x; a Mosaic GPU kernel forms
             d total and the taps' gradient per block of rows in one pass, XLA the input's
-            gradient from d total (`kernels/mosaic_gpu/short_conv/`: the backward and `supports`)
+            gradient from d total (`mixer_kernels/mosaic_gpu/short_conv/`: the backward and `supports`)
 An entry is `fn(x, kernel, segment_ids, *, dtype, normalize_heads) -> y`; `supports(**facts)`
 reads `platform_facts()` plus dtype, channels, normalize_heads and kernel_size.
 """
@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 
 from mixer_core.registry import Registry, platform_facts
-from kernels.mosaic_gpu.short_conv import register as pallas_backend
+from mixer_kernels.mosaic_gpu.short_conv import register as pallas_backend
 
 L2_NORM_EPS = 1e-6
 

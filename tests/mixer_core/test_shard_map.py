@@ -92,8 +92,8 @@ SCRIPT = textwrap.dedent("""
         }
 
     # Pallas kernels lowered for a Hopper GPU on the mesh: per-shard operands, no gather
-    from kernels.mosaic_gpu.attention.vjp import fpa_pallas, fox_pallas
-    from kernels.mosaic_gpu.gated_delta.register import gated_delta_rule_pallas
+    from mixer_kernels.mosaic_gpu.attention.vjp import fpa_pallas, fox_pallas
+    from mixer_kernels.mosaic_gpu.gated_delta.register import gated_delta_rule_pallas
     PT, PD = 128, 64
     bq = jnp.zeros((B, PT, H, PD), jnp.bfloat16)
     vec, pseg = jnp.zeros((B, PT, H)), jnp.ones((B, PT), jnp.int32)

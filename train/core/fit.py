@@ -106,7 +106,7 @@ class RunSetupError(ValueError):
 
 
 _OUR_PACKAGES = tuple(Path(__file__).resolve().parents[2] / name
-                      for name in ("train", "fpa_jax", "gdn_jax", "kernels", "mixer_core"))
+                      for name in ("train", "fpa_jax", "gdn_jax", "mixer_kernels", "mixer_core"))
 
 
 def _raised_by_an_input_check(error: BaseException) -> bool:

@@ -1,0 +1,282 @@
+"""Backward pass of the causal attention kernel family (FPA, FoX / ALiBi, plain softmax).
+
+    attention_backward(q, k, v, out, lse, dout, bias, *, scale, segment_ids=None, block=64,
+                       prune=False) -> (dq, dk, dv, bias_grads)
+
+q, k, v, out, dout [B, T, H, D] (bf16 / fp16 on the GPU; float32 also runs in the interpreter);
+lse [B, H, T] float32, natural log of the row's softmax normaliser (the forward's residual);
+segment_ids [B, T] int or None (contiguous documents). bias is one of bias.py's
+
+    NoBias()                                           -> bias_grads = ()
+    SeparableBias(row, col)   b_ts = row_t - col_s     -> (d row, d col), each [B, T, H] float32
+    FPABias(phi, psi, beta, tau, query_level, content) -> (dphi, dpsi [B, T, H], dbeta [H])
+
+FPA's dbeta is centred per row (backward_kernels.py: the rows' error of delta cancels)
+and delta should come from the float32 out (vjp.py saves it). FPA's dphi is the
+straight-through soft-minimum gradient of fpa_jax/fpa/xla_vjp.py with every exponent
+relative to a local hard minimum (fields.py): the kernels (backward_kernels.py)
+return per-level key-side and query-side shares and one scalar per off-diagonal tile for the
+gap blocks; short XLA passes spread them over the positions. Internally T is padded to a
+multiple of the block (padded rows get lse = +inf, so they carry no probability).
+
+prune=True skips the off-diagonal tiles that the forward's pruning test skips (forward.py: the
+same bound on the same per-block scalars, margin 10 + log T nats), and, with segment_ids, the
+tiles whose query and key blocks share no document. A skipped tile's softmax weights are below
+e^-margin of its rows' mass, so its gradient terms are negligible.
+"""
+
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+
+from mixer_kernels.mosaic_gpu.attention import fields
+from mixer_kernels.mosaic_gpu.attention.bias import FPABias, NoBias, SeparableBias
+from mixer_kernels.mosaic_gpu.attention.common import BIG, BLOCK, SUPPORTED_HEAD_DIMS, dead_key_bounds
+from mixer_kernels.mosaic_gpu.attention.backward_diagonal_kernel import diagonal_shares_kernel
+from mixer_kernels.mosaic_gpu.attention.backward_kernels import (KernelConfig, dkv_kernel, dq_kernel,
+                                                           pack_layout)
+from mixer_kernels.mosaic_gpu.attention.forward import document_start_index, heads_major, pruning_margin
+from mixer_core.interpret import interpret_active
+from mixer_core.padding import pad_time
+
+
+def _pack(rows, n):
+    """list of [B, H, Tp] -> [B, H, nb, len(rows), n]."""
+    stacked = jnp.stack(rows, axis=2)  # [B, H, R, Tp]
+    b, h, r, tp = stacked.shape
+    return jnp.moveaxis(stacked.reshape(b, h, r, tp // n, n), 3, 2)
+
+
+def _pack_named(vectors, names, n):
+    """The packed per-block rows of `names` (backward_kernels.pack_layout): the vectors, then
+    one row of per-block scalars (read from each block's first position) -> [B, H, nb, R, n]."""
+    vector_names, scalar_names = pack_layout(names)
+    rows = [vectors[name] for name in vector_names]
+    if scalar_names:
+        b, h, tp = vectors[scalar_names[0]].shape
+        firsts = [vectors[name].reshape(b, h, tp // n, n)[..., 0] for name in scalar_names]
+        scalars = jnp.stack(firsts, axis=-1)                    # [B, H, nb, S]
+        scalars = jnp.pad(scalars, [(0, 0)] * 3 + [(0, n - len(scalar_names))])
+        rows.append(scalars.reshape(b, h, tp))
+    return _pack(rows, n)
+
+
+def _unpack(packed, index):
+    """[B, H, nb, R, n] -> row `index` as [B, H, Tp]."""
+    b, h, nb, _, n = packed.shape
+    return packed[:, :, :, index, :].reshape(b, h, nb * n)
+
+
+def _to_bth(x, length):
+    return jnp.moveaxis(x[:, :, :length], 1, 2)
+
+
+# The sweeps' matmul schedule per bias mode, (dq, dk/dv) (backward_kernels.KernelConfig
+# overlap_dq / overlap_dkv): True issues the scores' and dP's matmuls together and forms P
+# while dP's is in flight. Chosen from device time on an H200 at (4, 4096, 12, 64) and
+# (8, 2048, 16, 128) (docs/benchmarks.md, "Overlapped matmul schedule"). Read when the
+# backward is traced.
+OVERLAP = {"fpa": (True, True), "separable": (False, False), "none": (False, True)}
+
+
+def kernel_config(bias, scale, segment_ids, length, block=BLOCK, prune=False,
+                  lhs_in_registers=None):
+    """The static configuration of the kernels for this bias. lhs_in_registers: None picks
+    registers when compiled, shared memory in the GPU interpreter."""
+    if lhs_in_registers is None:
+        lhs_in_registers = not interpret_active()
+    fpa = isinstance(bias, FPABias)
+    mode = "fpa" if fpa else "separable" if isinstance(bias, SeparableBias) else "none"
+    return KernelConfig(mode=mode, scale=float(scale), block=block,
+                        segments=segment_ids is not None,
+                        tau=float(bias.tau) if fpa else 1.0,
+                        query_level=bool(bias.query_level) if fpa else False,
+                        content=bool(bias.content) if fpa else True,
+                        prune=bool(prune), margin=pruning_margin(length),
+                        lhs_in_registers=bool(lhs_in_registers), overlap_dq=OVERLAP[mode][0],
+                        overlap_dkv=OVERLAP[mode][1])
+
+
+def document_end_index(segment_ids, padded, n):
+    """[B, T] contiguous document ids -> [B, Tp] float32: per key block, the last position of
+    the document of its last real key (repeated over the block)."""
+    length = segment_ids.shape[1]
+    positions = jnp.arange(length)
+    last = jnp.concatenate([segment_ids[:, 1:] != segment_ids[:, :-1],
+                            jnp.ones_like(segment_ids[:, :1], bool)], axis=1)
+    ends = jax.lax.cummin(jnp.where(last, positions, length), axis=1, reverse=True)
+    block_last = jnp.minimum(jnp.arange(padded // n) * n + n - 1, length - 1)
+    return jnp.repeat(ends[:, block_last], n, axis=-1).astype(jnp.float32)
+
+
+def _per_block(x, n, reduce, real=None, fill=0.0):
+    """[B, H, Tp] -> per-block reduction over (real) positions, repeated over the block."""
+    if real is not None:
+        x = jnp.where(real, x, fill)
+    blocks = x.reshape(x.shape[:-1] + (x.shape[-1] // n, n))
+    return jnp.repeat(reduce(blocks, axis=-1), n, axis=-1)
+
+
+def _pruning_vectors(cfg, qp, kp, vectors, length):
+    """The per-block scalars of the forward's pruning test (forward.py), [B, H, Tp] each."""
+    n = cfg.block
+    real = (jnp.arange(qp.shape[1]) < length)[None, None, :]
+    q32 = jnp.moveaxis(qp.astype(jnp.float32), 1, 2)  # [B, H, Tp, D]
+    k32 = jnp.moveaxis(kp.astype(jnp.float32), 1, 2)
+    if cfg.content:
+        diag = cfg.scale * jnp.sum(q32 * k32, axis=-1)
+        qn = cfg.scale * jnp.sqrt(jnp.sum(q32 * q32, axis=-1))
+        kn = jnp.sqrt(jnp.sum(k32 * k32, axis=-1))
+    else:
+        diag = qn = kn = jnp.zeros(q32.shape[:-1], jnp.float32)
+    out = {"dmin": _per_block(diag, n, jnp.min, real, BIG), "qn": _per_block(qn, n, jnp.max),
+           "kn": _per_block(kn, n, jnp.max)}
+    if cfg.mode == "separable":
+        out["rmax"] = _per_block(vectors["row"], n, jnp.max, real, -BIG)
+        out["cmin"] = _per_block(vectors["col"], n, jnp.min)
+    elif cfg.query_level:
+        out["qc"] = _per_block(vectors["pre_min"] - vectors["psi"], n, jnp.max, real, -BIG)
+        out["qp"] = _per_block(vectors["psi"], n, jnp.min, real, BIG)
+    else:
+        out["cmax"] = _per_block(vectors["pre_min"], n, jnp.max, real, -BIG)
+        out["kp"] = _per_block(vectors["psi"], n, jnp.min)
+    return out
+
+
+def prepare(cfg, q, k, v, out, lse, dout, bias, segment_ids):
+    """XLA pre-pass: padded tiles and the packed per-block vectors the kernels read."""
+    batch, length, heads, _ = q.shape
+    n = cfg.block
+    padded = -(-length // n) * n
+    nb = padded // n
+    time_pad = lambda x: pad_time(x, padded, 1)
+    qp, kp, vp = (time_pad(x) for x in (q, k, v))
+    dop = time_pad(dout.astype(q.dtype))
+    delta = jnp.einsum("bthd,bthd->bht", dout.astype(jnp.float32), out.astype(jnp.float32))
+    vectors = {"lse": pad_time(lse.astype(jnp.float32), padded, 2, jnp.inf),
+               "delta": pad_time(delta, padded, 2)}
+    if segment_ids is not None:
+        starts = document_start_index(segment_ids, padded)
+        vectors["seg"] = jnp.broadcast_to(starts[:, None, :], (batch, heads, padded))
+    if cfg.mode == "separable":
+        vectors["row"] = heads_major(bias.row, padded)
+        vectors["col"] = heads_major(bias.col, padded)
+    rowd = cold = jnp.zeros((1, 1, 1, 1, n), jnp.float32)
+    beta = jnp.zeros((1, 1, n), jnp.float32)
+    phi = None
+    if cfg.mode == "fpa":
+        phi = heads_major(bias.phi, padded, edge=True)
+        vectors["psi"] = heads_major(bias.psi, padded)
+        pre_min, pre_mass, suf_min, suf_mass = fields.level_stats(phi, n, cfg.tau)
+        top = cfg.diag_levels  # the block level
+        vectors.update(pre_min=pre_min[:, :, top], pre_mass=pre_mass[:, :, top],
+                       suf_min=suf_min[:, :, top], suf_mass=suf_mass[:, :, top])
+        vectors["bmin"] = jnp.repeat(fields.at_block_ends(vectors["pre_min"], n), n, axis=-1)
+        vectors["bmass"] = jnp.repeat(fields.at_block_ends(vectors["pre_mass"], n), n, axis=-1)
+        if cfg.separable:  # per-block bounds of the share paths (backward_kernels._share_path)
+            vectors["chi"] = _per_block(vectors["pre_min"], n, jnp.max)
+            vectors["alo"] = _per_block(vectors["suf_min"], n, jnp.min)
+            vectors["kap"], vectors["kpmax"] = dead_key_bounds(vectors["suf_min"],
+                                                               vectors["psi"], n)
+        # the diagonal's level rows: minima of levels 0 .. top-1, then their masses (the sweep
+        # kernels load only the minima, for the bias; backward_diagonal_kernel.py loads both)
+        by_level = lambda a, m: [x[:, :, level] for x in (a, m) for level in range(top)]
+        rowd = _pack(by_level(pre_min, pre_mass), n)
+        cold = _pack(by_level(suf_min, suf_mass), n)
+        beta = jnp.broadcast_to(bias.beta.astype(jnp.float32)[:, None, None], (heads, 1, n))
+    if cfg.skips and segment_ids is not None:
+        ends = document_end_index(segment_ids, padded, n)
+        vectors["dend"] = jnp.broadcast_to(ends[:, None, :], (batch, heads, padded))
+    if cfg.prunes:
+        vectors.update(_pruning_vectors(cfg, qp, kp, vectors, length))
+    rowp = _pack_named(vectors, cfg.row_names(), n)
+    col_names = cfg.col_names()
+    colp = _pack_named(vectors, col_names, n) if col_names else \
+        jnp.zeros((batch, heads, nb, 1, n), jnp.float32)
+    field_state = None if phi is None else (phi, pre_min, suf_min)  # reused by finish
+    return (qp, kp, vp, dop, rowp, colp, rowd, cold, beta), field_state
+
+
+def run_kernels(cfg, args):
+    """(dkv outputs, dq outputs, FPA's diagonal shares [B, H, nb, 2 levels, n] or None)."""
+    diagonal = diagonal_shares_kernel(cfg, *args) if cfg.mode == "fpa" else None
+    return dkv_kernel(cfg, *args), dq_kernel(cfg, *args), diagonal
+
+
+def finish(cfg, kernel_outs, field_state, length, beta_dtype=jnp.float32):
+    """XLA post-pass: slice off the padding, turn the kernels' sums into bias gradients.
+    kernel_outs: run_kernels' result; field_state: prepare's second result (FPA: phi and its
+    level minima; None otherwise)."""
+    dkv_out, dq_out, diagonal = kernel_outs
+    dk, dv = dkv_out[0][:, :length], dkv_out[1][:, :length]
+    dq = dq_out[0][:, :length]
+    if cfg.mode == "none":
+        return dq, dk, dv, ()
+    colo, rowo = dkv_out[2], dq_out[1]
+    if cfg.mode == "separable":
+        drow = _to_bth(_unpack(rowo, 0), length)
+        dcol = _to_bth(_unpack(colo, 0), length)
+        return dq, dk, dv, (drow, dcol)
+
+    batch, heads, nb = colo.shape[:3]
+    levels = cfg.diag_levels
+    col_at = 0 if cfg.query_level else 1
+    row_at = 1 if cfg.query_level else 0
+    dpsi = _unpack(rowo, 0) if cfg.query_level else _unpack(colo, 0)
+    row_out = cfg.row_out_names()
+    dsum, pgap = (_unpack(rowo, row_out.index(name)) for name in ("dsum", "pgap"))
+    dbeta = _unpack(colo, col_at).sum(axis=(0, 2)) - (dsum * pgap).sum(axis=(0, 2))  # centred
+    # per level [B, H, levels + 1, Tp]: the diagonal levels, then the block level
+    col_share = jnp.stack([_unpack(diagonal, level) for level in range(levels)]
+                          + [_unpack(colo, col_at + 1)], axis=2)
+    row_share = jnp.stack([_unpack(diagonal, levels + level) for level in range(levels)]
+                          + [_unpack(rowo, row_at)], axis=2)
+    gapo = dkv_out[3]  # [B, H, nb(j), chunks, n] -> totals[i, j]
+    gap_total = jnp.swapaxes(gapo.reshape(batch, heads, nb, -1)[..., :nb], -1, -2)
+    phi, pre_min, suf_min = field_state
+    dphi = fields.field_gradient(col_share, row_share, gap_total, phi, cfg.block, cfg.tau,
+                                 pre_min, suf_min)
+    return (dq, dk, dv,
+            (_to_bth(dphi, length), _to_bth(dpsi, length), dbeta.astype(beta_dtype)))
+
+
+def _check(q, k, v, out, lse, dout, bias, segment_ids, block):
+    if q.ndim != 4:
+        raise ValueError(f"q: expected rank 4 [B, T, H, D], got shape {q.shape}")
+    for name, x in (("k", k), ("v", v), ("out", out), ("dout", dout)):
+        if x.shape != q.shape:
+            raise ValueError(f"{name}: expected shape {q.shape} like q, got {x.shape}")
+    if not q.dtype == k.dtype == v.dtype:
+        raise TypeError(f"q, k, v: expected one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if q.dtype not in (jnp.bfloat16, jnp.float16, jnp.float32):
+        raise TypeError(f"q: expected bfloat16 or float16, got {q.dtype}")
+    batch, length, heads, head_dim = q.shape
+    if head_dim not in SUPPORTED_HEAD_DIMS:
+        raise ValueError(f"q: head dim must be one of {SUPPORTED_HEAD_DIMS}, got {head_dim}")
+    if block != BLOCK:
+        raise ValueError(f"block: only {BLOCK} is supported, got {block}")
+    if lse.shape != (batch, heads, length):
+        raise ValueError(f"lse: expected shape {(batch, heads, length)} [B, H, T], got {lse.shape}")
+    if not isinstance(bias, (NoBias, SeparableBias, FPABias)):
+        raise TypeError(f"bias: expected NoBias, SeparableBias or FPABias, got {type(bias)}")
+    for field in ("row", "col", "phi", "psi"):
+        x = getattr(bias, field, None)
+        if x is not None and x.shape != (batch, length, heads):
+            raise ValueError(f"{type(bias).__name__}.{field}: expected shape "
+                             f"{(batch, length, heads)}, got {x.shape}")
+    if isinstance(bias, FPABias) and bias.beta.shape != (heads,):
+        raise ValueError(f"FPABias.beta: expected shape {(heads,)}, got {bias.beta.shape}")
+    if segment_ids is not None and segment_ids.shape != (batch, length):
+        raise ValueError(f"segment_ids: expected shape {(batch, length)}, got {segment_ids.shape}")
+
+
+def attention_backward(q, k, v, out, lse, dout, bias=NoBias(), *, scale: float,
+                       segment_ids: Optional[jnp.ndarray] = None, block: int = BLOCK,
+                       prune: bool = False):
+    """Gradients of causal biased attention; see the module docstring."""
+    _check(q, k, v, out, lse, dout, bias, segment_ids, block)
+    cfg = kernel_config(bias, scale, segment_ids, q.shape[1], block, prune)
+    args, field_state = prepare(cfg, q, k, v, out, lse, dout, bias, segment_ids)
+    beta_dtype = bias.beta.dtype if cfg.mode == "fpa" else jnp.float32
+    return finish(cfg, run_kernels(cfg, args), field_state, q.shape[1], beta_dtype)

@@ -1,0 +1,144 @@
+"""FPA's field statistics (XLA): the level minima the forward and backward kernels read, the
+masses the backward reads, and the field-gradient spreading after the backward kernels.
+
+Per head, phi [Tp] (Tp a multiple of the block n, a power of two >= 8) is cut into groups of
+g = 2^L positions for every level L = 0 .. log2(n) (L = log2 n is the kernel's block):
+
+    pre_min[L, t]  = min_{start(t) <= u <= t} phi_u          inclusive prefix minimum (C_t)
+    pre_mass[L, t] = sum_{start(t) <= u <= t} exp(-(phi_u - pre_min)/tau)              >= 1
+    suf_min[L, s]  = min_{s < u <= end(s)} phi_u             exclusive suffix minimum (A_s),
+                                                             BIG if empty
+    suf_mass[L, s] = sum_{s < u <= end(s)} exp(-(phi_u - suf_min)/tau)                 0 if empty
+
+Off-diagonal tiles (query block i > key block j) take R_ts = min(A_s, G, C_t) at the block
+level, G the minimum over the gap blocks j < b < i. A diagonal tile splits its pairs s < t
+dyadically: the pair (t, s) belongs to level L < log2 n where t and s share a group of 2^(L+1)
+but not of 2^L, and there R_ts = min(suf_min[L, s], pre_min[L, t]) exactly. Every piece's
+soft-minimum weight is relative to its own hard minimum, so no exponent is positive.
+
+The kernels return, per level, a key-side share (spread over the suffix of s) and a query-side
+share (spread over the prefix of t), plus one scalar per off-diagonal tile for the gap:
+
+    dphi_u += sum_s col_share[L, s] exp(-(phi_u - suf_min[L, s])/tau)     s < u <= end(s)
+    dphi_u += sum_t row_share[L, t] exp(-(phi_u - pre_min[L, t])/tau)     start(t) <= u <= t
+    dphi_u += exp(-(phi_u - m_b)/tau) sum_{(i, j): j < b < i} gap_total[i, j] exp(-(m_b - G_ij)/tau)
+
+with b the block of u and m_b its minimum. Shapes: phi [..., Tp]; level arrays [..., Lv, Tp]
+with Lv = log2(n) + 1 (the last level is the block); gap_total [..., nb(i), nb(j)].
+"""
+
+import jax
+import jax.numpy as jnp
+
+from mixer_kernels.mosaic_gpu.attention.common import BIG
+from mixer_kernels.mosaic_gpu.attention.common import decay as _decay
+
+
+def num_levels(block):
+    return block.bit_length()  # levels 0 .. log2(block)
+
+
+def level_stats(phi, block, tau):
+    """(pre_min, pre_mass, suf_min, suf_mass), each [..., Lv, Tp], built level by level: a
+    group of 2^(L+1) is two groups of 2^L, so a prefix in its second half takes in the first
+    half's total (the prefix at its last position) and a suffix in its first half the second
+    half's total, each mass rescaled to the new minimum (every exponent <= 0). O(Tp) per
+    level, elementwise (no g x g tiles)."""
+    shape = phi.shape
+    pre_min, pre_mass = phi, jnp.ones_like(phi)
+    suf_min, suf_mass = jnp.full_like(phi, BIG), jnp.zeros_like(phi)
+    stats = [(pre_min, pre_mass, suf_min, suf_mass)]
+    for level in range(1, num_levels(block)):
+        half = 1 << (level - 1)
+        halves = lambda a: a.reshape(shape[:-1] + (shape[-1] // (2 * half), 2, half))
+        pm, pw, sm, sw = (halves(a) for a in (pre_min, pre_mass, suf_min, suf_mass))
+        total_min, total_mass = pm[..., -1:], pw[..., -1:]   # [..., groups, 2, 1] per half
+        joined = jnp.minimum(pm[..., 1, :], total_min[..., 0, :])
+        second_pre = (pw[..., 1, :] * _decay(pm[..., 1, :] - joined, tau)
+                      + total_mass[..., 0, :] * _decay(total_min[..., 0, :] - joined, tau))
+        pre_min = jnp.stack([pm[..., 0, :], joined], axis=-2).reshape(shape)
+        pre_mass = jnp.stack([pw[..., 0, :], second_pre], axis=-2).reshape(shape)
+        joined = jnp.minimum(sm[..., 0, :], total_min[..., 1, :])
+        first_suf = (sw[..., 0, :] * _decay(sm[..., 0, :] - joined, tau)
+                     + total_mass[..., 1, :] * _decay(total_min[..., 1, :] - joined, tau))
+        suf_min = jnp.stack([joined, sm[..., 1, :]], axis=-2).reshape(shape)
+        suf_mass = jnp.stack([first_suf, sw[..., 1, :]], axis=-2).reshape(shape)
+        stats.append((pre_min, pre_mass, suf_min, suf_mass))
+    return tuple(jnp.stack(parts, axis=-2) for parts in zip(*stats))
+
+
+def at_block_ends(x, block):
+    """[..., Tp] -> [..., nb]: each block's value at its last position (the block's total when
+    x is a block-level prefix statistic: its minimum, its mass)."""
+    return x[..., block - 1::block]
+
+
+def gap_minima(block_min):
+    """G[..., i, j] = min_{j < b < i} block_min[b] (BIG where the gap is empty); O(nb^2)."""
+    nb = block_min.shape[-1]
+    b = jnp.arange(nb)
+    after = jnp.where(b[None, :] > b[:, None], block_min[..., None, :], BIG)  # [j, b]: b > j
+    upto = jax.lax.cummin(after, axis=after.ndim - 1)  # [j, c] = min_{j < b <= c} m_b
+    shifted = jnp.concatenate([jnp.full_like(upto[..., :1], BIG), upto[..., :-1]], axis=-1)
+    return jnp.swapaxes(shifted, -1, -2)  # [i, j] = upto[j, i - 1]
+
+
+def spread_suffix(share, suf_min, phi, group, tau):
+    """sum_s share_s exp(-(phi_u - suf_min_s)/tau) over s < u in the group of u: [..., Tp]."""
+    shape = phi.shape
+    cut = lambda a: a.reshape(shape[:-1] + (shape[-1] // group, group))
+    u = jnp.arange(group)
+    later = u[None, :] > u[:, None]  # [s, u]
+    weight = jnp.where(later, _decay(cut(phi)[..., None, :] - cut(suf_min)[..., :, None], tau), 0.0)
+    return (cut(share)[..., :, None] * weight).sum(-2).reshape(shape)  # a fused reduction
+
+
+def spread_prefix(share, pre_min, phi, group, tau):
+    """sum_t share_t exp(-(phi_u - pre_min_t)/tau) over t >= u in the group of u: [..., Tp]."""
+    shape = phi.shape
+    cut = lambda a: a.reshape(shape[:-1] + (shape[-1] // group, group))
+    u = jnp.arange(group)
+    upto = u[None, :] <= u[:, None]  # [t, u]
+    weight = jnp.where(upto, _decay(cut(phi)[..., None, :] - cut(pre_min)[..., :, None], tau), 0.0)
+    return (cut(share)[..., :, None] * weight).sum(-2).reshape(shape)
+
+
+def spread_gap(gap_total, block_min, phi, block, tau):
+    """Gap part of dphi from per-tile totals gap_total [..., nb(i), nb(j)]: [..., Tp].
+
+    Block b collects Q_b = sum_{j < b < i} gap_total[i, j] exp(-(m_b - G_ij)/tau). For each
+    query block i, G_ij grows with j, so
+    F_b = sum_{j < b} gap_total[i, j] exp(-(G_i,b-1 - G_ij)/tau)
+    obeys F_b+1 = F_b exp(-(G_ib - G_i,b-1)/tau) + gap_total[i, b] (every exponent <= 0; an
+    associative scan over b) and Q_b = sum_{i > b} F_b exp(-(m_b - G_i,b-1)/tau). O(nb^2).
+    """
+    nb = block_min.shape[-1]
+    gaps = gap_minima(block_min)  # [..., i, j]
+    before = jnp.concatenate([jnp.full_like(gaps[..., :1], BIG), gaps[..., :-1]], axis=-1)
+    step = _decay(gaps - before, tau)  # [i, b]: F_b -> F_b+1 factor
+
+    def combine(first, second):
+        return first[0] * second[0], first[1] * second[0] + second[1]
+
+    _, running = jax.lax.associative_scan(combine, (step, gap_total), axis=gap_total.ndim - 1)
+    totals_before = jnp.concatenate([jnp.zeros_like(running[..., :1]), running[..., :-1]], axis=-1)
+    idx = jnp.arange(nb)
+    inside = idx[:, None] > idx[None, :]  # [i, b]: b < i
+    weight = _decay(block_min[..., None, :] - before, tau)
+    totals = jnp.where(inside, totals_before * weight, 0.0).sum(-2)  # [..., b]
+    x = phi.reshape(phi.shape[:-1] + (nb, block))
+    return (totals[..., None] * _decay(x - block_min[..., None], tau)).reshape(phi.shape)
+
+
+def field_gradient(col_share, row_share, gap_total, phi, block, tau, pre_min, suf_min):
+    """dphi [..., Tp] from the kernels' shares: col/row_share [..., Lv, Tp]; pre_min, suf_min
+    [..., Lv, Tp] level_stats' minima."""
+    dphi = jnp.zeros_like(phi)
+    for level in range(num_levels(block)):
+        group = 1 << level
+        dphi = dphi + spread_suffix(col_share[..., level, :], suf_min[..., level, :], phi,
+                                    group, tau)
+        dphi = dphi + spread_prefix(row_share[..., level, :], pre_min[..., level, :], phi,
+                                    group, tau)
+    block_min = at_block_ends(pre_min[..., -1, :], block)
+    return dphi + spread_gap(gap_total, block_min, phi, block, tau)

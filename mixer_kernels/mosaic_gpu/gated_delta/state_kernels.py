@@ -1,0 +1,245 @@
+"""Pallas Mosaic GPU kernels for the sequential part of the chunked gated delta rule.
+
+Forward (`forward_states`), per value head and chunk c = 0 .. N-1, entering state S_0 given:
+
+    S_{c+1} = rho_c S_c + Kw_c^T (U_c - W_c S_c)          S [K, V] float32, on chip
+
+    Kw_c = diag(write decay) K_c, W_c [C, K] (16-bit), U_c [C, V] float32, rho_c scalar
+
+returns every entering state S_c [N, B, HV, K, V] and S_N [B, HV, K, V] (float32).
+
+Backward (`backward_states`), the reverse recurrence of the cotangents, lambda_N = dS_N:
+
+    dU_c       = Kw_c lambda_{c+1}                          [C, V]
+    lambda_c   = G_c + rho_c lambda_{c+1} - W_c^T dU_c       G_c = cotangent of S_c
+
+returns lambda_{c+1} per chunk [N, B, HV, K, V], dU [N, B, HV, C, V] and lambda_0 (= dS_0).
+
+Chunk-major layouts: Kw, W [N, B, HV, C, K]; U [N, B, HV, C, V]; rho [B, HV, N4] (N padded to
+a multiple of 4 for the copy engine). One block per (V tile, value head, batch) keeps its state
+tile [K, Vt] in registers across all chunks; the next chunk's tiles are copied (TMA) while the
+current one computes. Matrix products run on the tensor cores (wgmma) with 16-bit operands (the
+state is rounded to the input dtype for the product, as the accumulation stays float32);
+float32 operands are accepted only in interpret mode (tests), where the product is exact.
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from mixer_kernels.mosaic_gpu.gated_delta.common import SMEM_BYTES, SUPPORTED_DIMS
+from mixer_kernels.mosaic_gpu.common import matmul, swizzled_smem
+
+
+
+@dataclasses.dataclass(frozen=True)
+class Tiling:
+    """Block shape of one kernel launch: chunk C, key dim K, value tile Vt (of V)."""
+    chunk: int
+    key_dim: int
+    value_dim: int
+    value_tile: int
+
+    @property
+    def num_value_tiles(self):
+        return self.value_dim // self.value_tile
+
+
+def _operand_swizzle(tiling: Tiling, operand_dtype):
+    """One swizzle for all matrix operands of a kernel (wgmma's A and B must agree): the
+    value tile's row width in bytes, at most 128."""
+    return min(128, tiling.value_tile * jnp.dtype(operand_dtype).itemsize)
+
+
+def smem_bytes(tiling: Tiling, operand_dtype, num_chunks, forward: bool) -> int:
+    """Shared memory of one block: double-buffered input tiles, output staging, operands,
+    the rho row and barriers."""
+    c, k, vt = tiling.chunk, tiling.key_dim, tiling.value_tile
+    op = jnp.dtype(operand_dtype).itemsize
+    prefetched = 2 * (2 * c * k * op + (c * vt * 4 if forward else k * vt * 4))
+    outputs = k * vt * 4 + (0 if forward else c * vt * 4)
+    operands = k * vt * op + c * vt * op
+    return prefetched + outputs + operands + 4 * padded_chunks(num_chunks) + 1024
+
+
+def choose_tiling(num_chunks, chunk, key_dim, value_dim, operand_dtype, value_tile=None) -> Tiling:
+    """The value tile: the widest of 64, 32, 16 that fits shared memory in both kernels.
+
+    Measured on an H200 (bf16, K = V = 128; forward / backward state kernel, ms): at
+    (B, T, HV) = (4, 4096, 16) Vt 64: 0.36 / 0.44, 32: 0.30 / 0.51, 16: 0.57 / 0.75; at
+    (1, 16384, 16) Vt 64: 0.47 / 0.64, 32: 0.48 / 0.60, 16: 0.64 / 0.76. More blocks (narrower
+    tiles) do not pay: each block's chunk loop is latency-bound and a narrow tile only repeats
+    the Kw/W loads.
+    """
+    if key_dim not in SUPPORTED_DIMS or value_dim not in SUPPORTED_DIMS:
+        raise ValueError(f"K and V must be in {SUPPORTED_DIMS}, got K = {key_dim}, V = {value_dim}")
+    if chunk != 64:
+        raise ValueError(f"chunk_size must be 64 for the pallas kernels, got {chunk}")
+    candidates = (value_tile,) if value_tile is not None else (64, 32, 16)
+    for tile in candidates:
+        tiling = Tiling(chunk, key_dim, value_dim, tile)
+        if value_dim % tile == 0 and max(smem_bytes(tiling, operand_dtype, num_chunks, forward)
+                                         for forward in (True, False)) <= SMEM_BYTES:
+            return tiling
+    raise ValueError(f"no value tile of {candidates} fits shared memory for K = {key_dim}, "
+                     f"{num_chunks} chunks")
+
+
+def padded_chunks(num_chunks):
+    return -(-num_chunks // 4) * 4
+
+
+def forward_states(kw, w, u, rho, s0, *, tiling: Tiling, interpret=None):
+    """Entering states of all chunks and the final state; see the module docstring."""
+    num_chunks, batch, num_v_heads, chunk, key_dim = w.shape
+    vt = tiling.value_tile
+    op_dtype = w.dtype
+
+    def kernel(kw_ref, w_ref, u_ref, rho_ref, s0_ref, states_ref, final_ref,
+               kw_smem, w_smem, u_smem, rho_smem, state_smem, state16_smem, vnew16_smem,
+               loaded, rho_loaded):
+        vtile, head, b = (lax.axis_index(n) for n in ("vt", "hv", "b"))
+        columns = pl.ds(vtile * vt, vt)
+
+        def fetch(c, slot):
+            plgpu.copy_gmem_to_smem(kw_ref.at[c, b, head], kw_smem.at[slot], loaded.at[slot])
+            plgpu.copy_gmem_to_smem(w_ref.at[c, b, head], w_smem.at[slot], loaded.at[slot])
+            plgpu.copy_gmem_to_smem(u_ref.at[c, b, head, :, columns], u_smem.at[slot],
+                                    loaded.at[slot])
+
+        plgpu.copy_gmem_to_smem(rho_ref.at[b, head], rho_smem, rho_loaded.at[0])
+        plgpu.copy_gmem_to_smem(s0_ref.at[b, head, :, columns], state_smem, rho_loaded.at[0])
+        fetch(0, 0)
+        plgpu.barrier_wait(rho_loaded.at[0])
+        state = state_smem[...]
+
+        def step(c, state):
+            slot = lax.rem(c, 2)
+            plgpu.barrier_wait(loaded.at[slot])
+
+            @pl.when(c + 1 < num_chunks)
+            def _prefetch():
+                fetch(c + 1, 1 - slot)
+
+            plgpu.wait_smem_to_gmem(0, wait_read_only=True)   # state_smem free again
+            state_smem[...] = state
+            state16_smem[...] = state.astype(op_dtype)
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(state_smem, states_ref.at[c, b, head, :, columns])
+            predicted = matmul(w_smem.at[slot], state16_smem, (chunk, vt))
+            vnew16_smem[...] = (u_smem.at[slot][...] - predicted).astype(op_dtype)
+            plgpu.commit_smem()
+            written = matmul(kw_smem.at[slot].T, vnew16_smem, (key_dim, vt))
+            return rho_smem[c] * state + written
+
+        state = lax.fori_loop(0, num_chunks, step, state)
+        plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+        state_smem[...] = state
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(state_smem, final_ref.at[b, head, :, columns])
+        plgpu.wait_smem_to_gmem(0)
+
+    swizzle = _operand_swizzle(tiling, op_dtype)
+    out_type = (jax.ShapeDtypeStruct((num_chunks, batch, num_v_heads, key_dim, tiling.value_dim),
+                                     jnp.float32),
+                jax.ShapeDtypeStruct((batch, num_v_heads, key_dim, tiling.value_dim), jnp.float32))
+    scratch = (
+        swizzled_smem((2, chunk, key_dim), op_dtype, swizzle),  # Kw
+        swizzled_smem((2, chunk, key_dim), op_dtype, swizzle),  # W
+        swizzled_smem((2, chunk, vt), jnp.float32),            # U
+        plgpu.SMEM((rho.shape[-1],), jnp.float32),         # rho row
+        swizzled_smem((key_dim, vt), jnp.float32),             # state (for the copy out)
+        swizzled_smem((key_dim, vt), op_dtype, swizzle),       # state as a matmul operand
+        swizzled_smem((chunk, vt), op_dtype, swizzle),         # V_new as a matmul operand
+        plgpu.Barrier(num_arrivals=3, num_barriers=2),
+        plgpu.Barrier(num_arrivals=2, num_barriers=1),
+    )
+    kernel.__name__ = "delta_rule_forward_states"  # the kernel's name in profiles
+    return plgpu.kernel(
+        kernel, out_type=out_type, scratch_types=scratch,
+        grid=(tiling.num_value_tiles, num_v_heads, batch), grid_names=("vt", "hv", "b"),
+        interpret=interpret,
+    )(kw, w, u, rho, s0)
+
+
+def backward_states(kw, w, d_states, rho, d_final, *, tiling: Tiling, interpret=None):
+    """Reverse recurrence: (lambda_{c+1} per chunk, dU, dS_0); see the module docstring."""
+    num_chunks, batch, num_v_heads, chunk, key_dim = w.shape
+    vt = tiling.value_tile
+    op_dtype = w.dtype
+
+    def kernel(kw_ref, w_ref, g_ref, rho_ref, dfinal_ref, lambdas_ref, du_ref, ds0_ref,
+               kw_smem, w_smem, g_smem, rho_smem, lam_smem, lam16_smem, du_smem, du16_smem,
+               loaded, rho_loaded):
+        vtile, head, b = (lax.axis_index(n) for n in ("vt", "hv", "b"))
+        columns = pl.ds(vtile * vt, vt)
+
+        def fetch(c, slot):
+            plgpu.copy_gmem_to_smem(kw_ref.at[c, b, head], kw_smem.at[slot], loaded.at[slot])
+            plgpu.copy_gmem_to_smem(w_ref.at[c, b, head], w_smem.at[slot], loaded.at[slot])
+            plgpu.copy_gmem_to_smem(g_ref.at[c, b, head, :, columns], g_smem.at[slot],
+                                    loaded.at[slot])
+
+        plgpu.copy_gmem_to_smem(rho_ref.at[b, head], rho_smem, rho_loaded.at[0])
+        plgpu.copy_gmem_to_smem(dfinal_ref.at[b, head, :, columns], lam_smem, rho_loaded.at[0])
+        fetch(num_chunks - 1, 0)
+        plgpu.barrier_wait(rho_loaded.at[0])
+        lam = lam_smem[...]
+
+        def step(i, lam):
+            c = num_chunks - 1 - i
+            slot = lax.rem(i, 2)
+            plgpu.barrier_wait(loaded.at[slot])
+            plgpu.wait_smem_to_gmem(0, wait_read_only=True)   # lam_smem, du_smem free again
+            lam_smem[...] = lam
+            lam16_smem[...] = lam.astype(op_dtype)
+            plgpu.commit_smem()    # also orders the last step's read of G before the prefetch
+
+            @pl.when(c > 0)
+            def _prefetch():
+                fetch(c - 1, 1 - slot)
+
+            plgpu.copy_smem_to_gmem(lam_smem, lambdas_ref.at[c, b, head, :, columns])
+            d_u = matmul(kw_smem.at[slot], lam16_smem, (chunk, vt))
+            du_smem[...] = d_u
+            du16_smem[...] = d_u.astype(op_dtype)
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(du_smem, du_ref.at[c, b, head, :, columns])
+            back = matmul(w_smem.at[slot].T, du16_smem, (key_dim, vt))
+            return g_smem.at[slot][...] + rho_smem[c] * lam - back
+
+        lam = lax.fori_loop(0, num_chunks, step, lam)
+        plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+        lam_smem[...] = lam
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(lam_smem, ds0_ref.at[b, head, :, columns])
+        plgpu.wait_smem_to_gmem(0)
+
+    value_dim = tiling.value_dim
+    swizzle = _operand_swizzle(tiling, op_dtype)
+    out_type = (
+        jax.ShapeDtypeStruct((num_chunks, batch, num_v_heads, key_dim, value_dim), jnp.float32),
+        jax.ShapeDtypeStruct((num_chunks, batch, num_v_heads, chunk, value_dim), jnp.float32),
+        jax.ShapeDtypeStruct((batch, num_v_heads, key_dim, value_dim), jnp.float32))
+    scratch = (
+        swizzled_smem((2, chunk, key_dim), op_dtype, swizzle),  # Kw
+        swizzled_smem((2, chunk, key_dim), op_dtype, swizzle),  # W
+        swizzled_smem((2, key_dim, vt), jnp.float32),          # G (cotangent of S_c)
+        plgpu.SMEM((rho.shape[-1],), jnp.float32),         # rho row
+        swizzled_smem((key_dim, vt), jnp.float32),             # lambda (for the copy out)
+        swizzled_smem((key_dim, vt), op_dtype, swizzle),       # lambda as a matmul operand
+        swizzled_smem((chunk, vt), jnp.float32),               # dU (for the copy out)
+        swizzled_smem((chunk, vt), op_dtype, swizzle),         # dU as a matmul operand
+        plgpu.Barrier(num_arrivals=3, num_barriers=2),
+        plgpu.Barrier(num_arrivals=2, num_barriers=1),
+    )
+    kernel.__name__ = "delta_rule_backward_states"  # the kernel's name in profiles
+    return plgpu.kernel(
+        kernel, out_type=out_type, scratch_types=scratch,
+        grid=(tiling.num_value_tiles, num_v_heads, batch), grid_names=("vt", "hv", "b"),
+        interpret=interpret,
+    )(kw, w, d_states, rho, d_final)

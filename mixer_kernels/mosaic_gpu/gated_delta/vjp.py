@@ -1,0 +1,240 @@
+"""Chunked gated delta rule with the state recurrence in Pallas Mosaic GPU kernels.
+
+Same math as `gdn_jax.ops.chunk` (chunk C = 64, WY form). The per-chunk preparation (A,
+(I + A)^{-1}, W, U, Kw and the intra-chunk attention P) runs in the Pallas kernel
+`wy_kernel.prepare` (its backward: the kernel again for the inverse, then the hand-written
+`wy.prepare_backward` in XLA with that inverse given, or the one kernel
+`wy_backward_kernel.backward`: switch `INTRA_BACKWARD`); XLA forms the per-token rows
+(`wy.chunk_rows`) and the outputs from the entering states
+
+    O_c = diag(e) Q_c S_c + (Q_c K_c^T ⊙ Gamma) (U_c - W_c S_c)
+
+The sequential part, S_{c+1} = rho_c S_c + Kw_c^T (U_c - W_c S_c) with Kw_c = diag(Gamma_{C,:})
+K_c and rho_c = e_C, runs in `state_kernels.forward_states`; its `jax.custom_vjp` backward runs
+the reverse recurrence in `state_kernels.backward_states` and forms, batched over chunks,
+
+    dW_c = -dU_c S_c^T   dKw_c = (U_c - W_c S_c) lambda_{c+1}^T   drho_c = <S_c, lambda_{c+1}>
+
+    q, k [B, T, H, K]   v [B, T, HV, V]   g, beta [B, T, HV]   S [B, HV, K, V] float32
+    internals chunk-major: Kw, W [N, B, HV, C, K] (16-bit), U [N, B, HV, C, V] float32
+
+Residuals: the entering states [N, B, HV, K, V] float32 (as the "xla" path saves), the inputs
+(q padded), W, Kw, P (16-bit), U (float32) and the decays e; (I + A)^{-1} and the outputs
+(`chunk_outputs`) are recomputed in the backward pass.
+Matrix operands of the kernels are 16-bit (bf16/f16: the dtype of q and k); float32 inputs run
+only in interpret mode (tests), with float32 operands.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from mixer_core.delta_rule_math import compute_dtype
+from mixer_kernels.mosaic_gpu.gated_delta import state_kernels, wy, wy_backward_kernel, wy_kernel
+from mixer_core.interpret import interpret_active
+from mixer_core.padding import pad_time
+from mixer_kernels.mosaic_gpu.gated_delta.common import CHUNK
+
+# The backward of the WY preparation: "xla" runs the WY kernel again for T = (I + A)^{-1}, then
+# `wy.prepare_backward`; "pallas" runs `wy_backward_kernel.backward` (T formed inside, one
+# launch) where its shared memory fits (K = V = 128 and below at 16 bits), "xla" otherwise.
+# Read when the backward is traced. On the H200 "pallas" takes the op's forward+backward from
+# 4.50 to 3.44 ms at (4, 4096, 16, 128) and from 2.13 to 1.52 ms at (8, 2048, 12, 64), with the
+# same bf16 accuracy (docs/benchmarks.md). The gdn_125m train step: 58 ms of device time per
+# step with "xla" (a trace), 52 ms wall with "pallas" (two-window bench): not yet like for like.
+# Read when the backward is traced (a compiled function keeps its choice).
+INTRA_BACKWARD = "pallas"
+
+
+def _manual_axes(*arrays):
+    """Mesh axes over which any of the arrays varies inside `shard_map` (empty outside)."""
+    def varying(x):
+        aval = jax.typeof(x)
+        manual = getattr(aval, "manual_axis_type", None)       # jax 0.11; `vma` in others
+        return frozenset(manual.varying if manual is not None else getattr(aval, "vma", ()))
+    return frozenset().union(*(varying(x) for x in arrays))
+
+
+def _varying(arrays, axes):
+    """Mark each array as varying over `axes` (a kernel's outputs know no `shard_map` axes)."""
+    return tuple(x if not (missing := axes - _manual_axes(x))
+                 else jax.lax.pcast(x, tuple(sorted(missing)), to="varying") for x in arrays)
+
+
+def _folding_batch_axes(kernel, in_axes, out_axes):
+    """`kernel` with a vmap rule that folds the mapped axis into each array's batch axis
+    (`in_axes` / `out_axes`: where B sits), so a vmapped call is one launch of the kernel;
+    inside `shard_map` its outputs vary over the manual axes its inputs vary over."""
+
+    @jax.custom_batching.custom_vmap
+    def call(*arrays):
+        return kernel(*arrays)
+
+    @call.def_vmap
+    def _rule(axis_size, in_batched, *arrays):
+        folded = []
+        for x, batched, axis in zip(arrays, in_batched, in_axes):
+            x = x if batched else jnp.broadcast_to(x, (axis_size, *x.shape))
+            x = jnp.moveaxis(x, 0, axis)                      # [..., X, B, ...]
+            folded.append(x.reshape(*x.shape[:axis], -1, *x.shape[axis + 2:]))
+        outs = []
+        for y, axis in zip(call(*folded), out_axes):
+            y = y.reshape(*y.shape[:axis], axis_size, -1, *y.shape[axis + 1:])
+            outs.append(jnp.moveaxis(y, axis, 0))
+        return tuple(outs), (True,) * len(outs)
+
+    def run(*arrays):   # inside shard_map: outputs vary over the inputs' manual axes
+        return _varying(call(*arrays), _manual_axes(*arrays))
+
+    return run
+
+
+@functools.cache
+def _kernels(tiling):
+    """(forward, backward) state kernels for one tiling, batchable by vmap; each behind one
+    jax.jit, so the layers of a model share one traced program, lowered once per step."""
+    forward = _folding_batch_axes(
+        jax.jit(functools.partial(state_kernels.forward_states, tiling=tiling)),
+        in_axes=(1, 1, 1, 0, 0), out_axes=(1, 0))
+    backward = _folding_batch_axes(
+        jax.jit(functools.partial(state_kernels.backward_states, tiling=tiling)),
+        in_axes=(1, 1, 1, 0, 0), out_axes=(1, 1, 0))
+    return forward, backward
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
+def state_recurrence(kw, w, u, rho, s0, tiling):
+    """(entering states [N, B, HV, K, V], final state [B, HV, K, V]); see module docstring."""
+    return _kernels(tiling)[0](kw, w, u, rho, s0)
+
+
+def _state_recurrence_fwd(kw, w, u, rho, s0, tiling):
+    states, final = _kernels(tiling)[0](kw, w, u, rho, s0)
+    return (states, final), (kw, w, u, rho, states)
+
+
+def _state_recurrence_bwd(tiling, residuals, cotangents):
+    kw, w, u, rho, states = residuals
+    d_states, d_final = cotangents
+    lambdas, d_u, d_s0 = _kernels(tiling)[1](kw, w, d_states, rho, d_final)
+    d_w = -jnp.einsum("nbhcv,nbhkv->nbhck", d_u, states)
+    new_values = u - jnp.einsum("nbhck,nbhkv->nbhcv", w.astype(jnp.float32), states)
+    d_kw = jnp.einsum("nbhcv,nbhkv->nbhck", new_values, lambdas)
+    d_rho = jnp.einsum("nbhkv,nbhkv->bhn", states, lambdas)
+    d_rho = jnp.pad(d_rho, [(0, 0), (0, 0), (0, rho.shape[-1] - d_rho.shape[-1])])
+    return d_kw.astype(kw.dtype), d_w.astype(w.dtype), d_u, d_rho, d_s0
+
+
+state_recurrence.defvjp(_state_recurrence_fwd, _state_recurrence_bwd)
+
+
+@functools.cache
+def _wy_kernel(scale, with_inverse):
+    """The WY preparation kernel behind one jax.jit, batchable by vmap (B is axis 0 of its
+    inputs, 1 of outputs)."""
+    return _folding_batch_axes(
+        jax.jit(functools.partial(wy_kernel.prepare, scale=scale, with_inverse=with_inverse)),
+        in_axes=(0, 0, 0, 0), out_axes=(1,) * (5 if with_inverse else 4))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def wy_preparation(q, k, v, rows, scale):
+    """(W, U, Kw, P) chunk-major from the kernel (`wy_kernel.prepare`). Backward (no residuals
+    beyond the inputs), by `INTRA_BACKWARD`: the kernel runs again for T = (I + A)^{-1}, then
+    `wy.prepare_backward` with T given, or `wy_backward_kernel.backward` forms all."""
+    return _wy_kernel(scale, False)(q, k, v, rows)
+
+
+def _wy_preparation_fwd(q, k, v, rows, scale):
+    return _wy_kernel(scale, False)(q, k, v, rows), (q, k, v, rows)
+
+
+@functools.cache
+def _wy_backward_kernel(scale):
+    """`wy_backward_kernel.backward` behind one jax.jit, batchable by vmap (B is axis 0 of q,
+    k, v, rows and of the outputs, 1 of the cotangents)."""
+    return _folding_batch_axes(
+        jax.jit(lambda q, k, v, rows, *cotangents: wy_backward_kernel.backward(
+            q, k, v, rows, cotangents, scale=scale)),
+        in_axes=(0, 0, 0, 0, 1, 1, 1, 1), out_axes=(0, 0, 0, 0))
+
+
+def _wy_preparation_bwd(scale, residuals, cotangents):
+    _, k, v, _ = residuals
+    if INTRA_BACKWARD == "pallas" and wy_backward_kernel.fits(k.shape[-1], v.shape[-1]):
+        return _wy_backward_kernel(scale)(*residuals, *cotangents)
+    inverse = _wy_kernel(scale, True)(*residuals)[4]
+    return wy.prepare_backward(*residuals, inverse, cotangents, scale=scale)
+
+
+wy_preparation.defvjp(_wy_preparation_fwd, _wy_preparation_bwd)
+
+
+def operand_dtype(q, k):
+    """The dtype of the kernels' matrix operands W and Kw (derived from q and k): bf16 or
+    f16 as the inputs; float32 only for interpret mode. U and the state stay float32."""
+    dtype = jnp.result_type(q.dtype, k.dtype)
+    return dtype if dtype in (jnp.bfloat16, jnp.float16) else jnp.dtype(jnp.float32)
+
+
+def chunked_forward_pallas(q, k, v, g, beta, *, scale, initial_state, segment_ids,
+                           value_tile=None):
+    """Gated delta rule with the kernels; inputs validated (see `gdn_jax.ops.api`).
+
+    Returns (out [B, T, HV, V], final_state [B, HV, K, V]), both float32.
+    """
+    batch, seq_len, num_heads, key_dim = q.shape
+    num_v_heads, value_dim = v.shape[2], v.shape[3]
+    num_chunks = -(-seq_len // CHUNK)
+    dtype = compute_dtype(q, k, v, g, beta, initial_state)
+    op_dtype = operand_dtype(q, k)
+    if op_dtype == jnp.float32 and not interpret_active():
+        raise ValueError(f"q, k: the pallas kernels need bf16 or fp16 (16-bit tensor-core "
+                         f"operands), got {q.dtype}, {k.dtype}")
+    tiling = state_kernels.choose_tiling(num_chunks, CHUNK, key_dim, value_dim, op_dtype,
+                                         value_tile=value_tile)
+
+    padded = num_chunks * CHUNK
+    q, k, v = (pad_time(x.astype(op_dtype), padded) for x in (q, k, v))
+    rows, entering_decay = wy.chunk_rows(pad_time(g, padded), pad_time(beta, padded),
+                                         segment_ids, num_chunks, CHUNK)    # e [N, B, HV, C]
+    state_weights, base_values, weighted_keys, attention = wy_preparation(q, k, v, rows,
+                                                                          float(scale))
+    if initial_state is None:
+        state = jnp.zeros((batch, num_v_heads, key_dim, value_dim), jnp.float32)
+    else:
+        state = initial_state.astype(jnp.float32)
+    rho = jnp.moveaxis(entering_decay[..., -1], 0, -1)                        # [B, HV, N]
+    rho = jnp.pad(rho, [(0, 0), (0, 0), (0, state_kernels.padded_chunks(num_chunks) - num_chunks)])
+    recurrence_inputs = (weighted_keys, state_weights, base_values, rho, state)
+    states, final_state = state_recurrence(
+        *_varying(recurrence_inputs, _manual_axes(*recurrence_inputs)), tiling)
+
+    out = chunk_outputs(q, states, state_weights, base_values, attention, entering_decay,
+                        float(scale), jnp.dtype(dtype))
+    return out[:, :seq_len], final_state.astype(dtype)
+
+
+@functools.partial(jax.checkpoint, static_argnums=(6, 7), prevent_cse=False)
+def chunk_outputs(q, states, state_weights, base_values, attention, entering_decay, scale,
+                  dtype):
+    """O_c = scale diag(e) Q_c S_c + P_c (U_c - W_c S_c) in `dtype`, [B, N C, HV, V].
+
+    q [B, N C, H, K] (16-bit); states [N, B, HV, K, V] float32; W [N, B, HV, C, K], P [N, B,
+    HV, C, C] (16-bit); U [N, B, HV, C, V] float32; e [N, B, HV, C]. Recomputed in the backward
+    pass (jax.checkpoint): it keeps its inputs, not the float32 copies of the 16-bit operands
+    and the products (U - W S, Q S) that the einsums' backward would otherwise save (a GDN
+    layer's autodiff residuals at (8, 2048, 12 heads of 64): 693 -> 429 MiB).
+    """
+    batch, padded, num_heads, key_dim = q.shape
+    num_chunks, _, num_v_heads, _, value_dim = states.shape
+    group = num_v_heads // num_heads
+    new_values = base_values - jnp.einsum("nbhck,nbhkv->nbhcv", state_weights.astype(dtype),
+                                          states.astype(dtype))
+    queries = q.astype(dtype).reshape(batch, num_chunks, CHUNK, num_heads, key_dim)
+    from_states = jnp.einsum("bnchk,nbhgkv->nbhgcv", queries, states.astype(dtype).reshape(
+        num_chunks, batch, num_heads, group, key_dim, value_dim))
+    out = (scale * entering_decay[..., None] * from_states.reshape(new_values.shape)
+           + jnp.einsum("nbhij,nbhjv->nbhiv", attention.astype(dtype), new_values))
+    return out.transpose(1, 0, 3, 2, 4).reshape(batch, padded, num_v_heads, value_dim)

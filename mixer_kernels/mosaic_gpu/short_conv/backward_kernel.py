@@ -1,0 +1,106 @@
+"""Pallas Mosaic GPU kernel: the backward of the gated delta layer's short convolution.
+
+Forward (XLA, `gdn_jax.ops.short_conv`), per channel c of a head of D channels:
+
+    total_t = sum_{s < W} w[W-1-s] x_{t-s} m_s(t)      m_s(t) = [doc(t - s) == doc(t)]
+    a_t     = silu(total_t)
+    y_t     = a_t / sqrt(sum_c a_t^2 + eps)            (normalize; else y_t = a_t)
+
+Given the cotangent dy, one program per (head, block of n rows, batch) copies its rows of x
+shifted by s for each tap s, and its rows of the ids with the PAD rows before them (read as
+shifted views), recomputes total and a on its rows and returns
+
+    dtotal_t = silu'(total_t) * r_t (dy_t - y_t <y_t, dy_t>)    r_t = 1 / sqrt(sum_c a_t^2 + eps)
+               (without normalize: silu'(total_t) dy_t)                  [B, Tr, H, D] float32
+    dw_part  = per block, sum_t x_{t-s} m_s(t) dtotal_t at tap W-1-s    [B, Tr / n, H, W, D]
+
+The caller sums dw_part over batch and blocks and forms dx_u = sum_s w[W-1-s] m_s(u+s)
+dtotal_{u+s} (one XLA pass over dtotal). Inputs: x front-padded by PAD rows [B, PAD + Tr, H, D]
+(16-bit; float32 only in interpret mode); dy [B, Tr, H, D]; the document ids as float32
+[B, PAD + Tr], front-padded with -1 (so taps before t = 0 are masked like taps into another
+document); the taps w [W, H, D] float32. Tr is a multiple of n.
+"""
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from mixer_kernels.mosaic_gpu.common import swizzled_smem
+from mixer_kernels.mosaic_gpu.short_conv.common import BLOCK, PAD
+
+
+def conv_backward(xp, dy, idsp, taps, *, normalize: bool, eps: float):
+    """(dtotal [B, Tr, H, D] float32, dw_part [B, Tr / BLOCK, H, W, D] float32)."""
+    batch, rows, heads, dim = dy.shape
+    width = taps.shape[0]
+    n = BLOCK
+    if rows % n or xp.shape[1] != rows + PAD or width > PAD + 1:
+        raise ValueError(f"conv_backward: rows {rows} must be a multiple of {n}, x padded by "
+                         f"{PAD} in front (got {xp.shape[1]} rows), taps <= {PAD + 1} "
+                         f"(got {width})")
+
+    def kernel(x_ref, dy_ref, ids_ref, taps_ref, dtotal_ref, dw_ref,
+               x_s, dy_s, ids_s, taps_s, dtotal_s, dw_s, loaded):
+        h, i, b = lax.axis_index("h"), lax.axis_index("t"), lax.axis_index("b")
+        # tap s: x rows i n - s .. i n + n - 1 - s (one copy each: a register load of a
+        # buffer view starting off a multiple of 8 rows reads wrong rows on the H200); the ids
+        # of rows i n - PAD .. i n + n - 1 in one aligned copy, read as views
+        for s in range(width):
+            plgpu.copy_gmem_to_smem(x_ref.at[b, pl.ds(i * n + PAD - s, n), h], x_s.at[s],
+                                    loaded.at[0])
+        plgpu.copy_gmem_to_smem(ids_ref.at[b, pl.ds(i * n, PAD + n)], ids_s, loaded.at[0])
+        plgpu.copy_gmem_to_smem(dy_ref.at[b, pl.ds(i * n, n), h], dy_s, loaded.at[0])
+        plgpu.copy_gmem_to_smem(taps_ref.at[:, h], taps_s, loaded.at[0])
+        plgpu.barrier_wait(loaded.at[0])
+
+        shape = (n, dim)
+        row_vector = lambda ref: lax.broadcast_in_dim(
+            plgpu.load(ref, layout=plgpu.Layout.WGMMA.reduce(1)), shape, [0])
+        tap = lambda j: lax.broadcast_in_dim(
+            plgpu.load(taps_s.at[j], layout=plgpu.Layout.WGMMA.reduce(0)), shape, [1])
+        own_doc = row_vector(ids_s.at[pl.ds(PAD, n)])
+
+        def shifted(s):
+            """x_{t-s} m_s(t) [n, D] float32."""
+            same = row_vector(ids_s.at[pl.ds(PAD - s, n)]) == own_doc
+            x = plgpu.load(x_s.at[s], layout=plgpu.Layout.WGMMA)
+            return jnp.where(same, x.astype(jnp.float32), 0.0)
+
+        total = shifted(0) * tap(width - 1)
+        for s in range(1, width):
+            total = total + shifted(s) * tap(width - 1 - s)
+        gate = jax.nn.sigmoid(total)
+        grad = dy_s[...].astype(jnp.float32)
+        if normalize:
+            act = total * gate
+            inv = lax.rsqrt(jnp.sum(act * act, axis=1) + eps)
+            inv_full = lax.broadcast_in_dim(inv, shape, [0])
+            y = act * inv_full
+            along = lax.broadcast_in_dim(jnp.sum(y * grad, axis=1), shape, [0])
+            grad = inv_full * (grad - y * along)
+        dtotal = grad * (gate * (1.0 + total * (1.0 - gate)))
+        dtotal_s[...] = dtotal
+        for s in range(width):
+            dw_s.at[width - 1 - s][...] = jnp.sum(shifted(s) * dtotal, axis=0)
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(dtotal_s, dtotal_ref.at[b, pl.ds(i * n, n), h])
+        plgpu.copy_smem_to_gmem(dw_s, dw_ref.at[b, i, h])
+        plgpu.wait_smem_to_gmem(0)
+
+    blocks = rows // n
+    out_type = (jax.ShapeDtypeStruct((batch, rows, heads, dim), jnp.float32),
+                jax.ShapeDtypeStruct((batch, blocks, heads, width, dim), jnp.float32))
+    # x untiled: its copies start at any row (a tiled copy needs rows in multiples of 8)
+    scratch = (plgpu.SMEM((width, n, dim), xp.dtype),
+               swizzled_smem((n, dim), dy.dtype),
+               plgpu.SMEM((PAD + n,), jnp.float32),
+               plgpu.SMEM((width, dim), jnp.float32),
+               swizzled_smem((n, dim), jnp.float32),
+               plgpu.SMEM((width, dim), jnp.float32),
+               plgpu.Barrier(num_arrivals=width + 3, num_barriers=1))
+    kernel.__name__ = "short_conv_backward"  # the kernel's name in profiles
+    return plgpu.kernel(kernel, out_type=out_type, scratch_types=scratch,
+                        grid=(heads, blocks, batch), grid_names=("h", "t", "b"))(
+        xp, dy, idsp, taps)

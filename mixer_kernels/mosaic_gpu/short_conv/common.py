@@ -1,0 +1,11 @@
+"""Constants shared by the short convolution's backward kernel, its XLA pass and its
+`supports` (the Mosaic GPU helpers: mixer_kernels/mosaic_gpu/common.py).
+
+    PAD      front padding of x and the ids; the kernel takes W <= PAD + 1 taps
+    BLOCK    rows per program
+    GROUP    channels per program without normalize_heads
+"""
+
+PAD = 8
+BLOCK = 64
+GROUP = 64

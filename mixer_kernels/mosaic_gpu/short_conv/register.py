@@ -1,0 +1,30 @@
+"""`supports` of the "pallas" entry of `gdn_jax.ops.short_conv.REGISTRY` (op "short_conv"),
+whose backward is `backward.conv_backward_pass`; the op module builds its table from them.
+
+Runs on a Hopper GPU (or the CPU in GPU interpret mode, for tests) with 16-bit activations
+(float32 only when interpreting), at most PAD + 1 taps, and heads of 64 or 128 channels
+(normalize_heads) or a multiple of 64 channels; otherwise `supports` says why not and the
+default (implementation=None) falls back to "xla".
+"""
+
+from mixer_core.registry import mosaic_gpu_reason
+from mixer_kernels.mosaic_gpu.short_conv.backward import conv_backward_pass, head_width
+from mixer_kernels.mosaic_gpu.short_conv.common import GROUP, PAD
+
+def supports(**facts):
+    """None if the kernel runs on these inputs, else the reason."""
+    reason = mosaic_gpu_reason(facts, "activations")
+    if reason is not None:
+        return reason
+    if facts.get("kernel_size", 0) > PAD + 1:
+        return f"needs at most {PAD + 1} taps, got {facts.get('kernel_size')}"
+    channels, heads = facts.get("channels", 0), facts.get("normalize_heads")
+    width = head_width(channels, heads)
+    if heads is not None and width not in (64, 128):
+        return f"needs normalised heads of 64 or 128 channels, got {width}"
+    if heads is None and channels % GROUP:
+        return f"needs a multiple of {GROUP} channels, got {channels}"
+    return None
+
+
+__all__ = ["conv_backward_pass", "supports"]

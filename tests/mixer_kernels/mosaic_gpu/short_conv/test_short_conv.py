@@ -1,0 +1,111 @@
+"""short_conv(implementation="pallas") in GPU interpret mode against "xla": the same output,
+and the gradients of x and the taps from the kernel backward, with and without documents,
+with and without L2-normalised heads, at awkward lengths and in bf16; the kernel lowers for
+Hopper on a machine without one."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from gdn_jax.ops.short_conv import REGISTRY, short_conv
+from mixer_core import interpret
+from mixer_core.registry import UnsupportedImplementationError
+from mixer_kernels.mosaic_gpu.short_conv.backward_kernel import PAD, conv_backward
+from gdn_jax.ops.short_conv import short_conv_pallas
+from tests.seeds import case_seed
+
+
+def _inputs(seed, batch, length, channels, width, dtype, documents):
+    rng = np.random.default_rng(seed)
+    x = jnp.asarray(rng.standard_normal((batch, length, channels)), dtype)
+    kernel = jnp.asarray(rng.uniform(-0.5, 0.5, (width, channels)), jnp.float32)
+    segment_ids = None
+    if documents:   # ids above 2^24, where float32 cannot tell neighbours apart
+        starts = rng.random((batch, length)) < 0.08
+        segment_ids = jnp.asarray(2**24 + np.cumsum(starts, axis=1), jnp.int32)
+    return x, kernel, segment_ids
+
+
+def _loss_and_grads(implementation, x, kernel, segment_ids, normalize_heads, cotangent):
+    def loss(x, kernel):
+        y = short_conv(x, kernel, segment_ids, dtype=x.dtype, normalize_heads=normalize_heads,
+                       implementation=implementation)
+        return jnp.sum(y.astype(jnp.float32).reshape(cotangent.shape) * cotangent), y
+    (_, y), grads = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(x, kernel)
+    return y, grads
+
+
+@pytest.mark.parametrize("case, length, normalize_heads, documents, dtype", [
+    (0, 70, 2, True, jnp.float32),      # T not a multiple of the block, documents, heads
+    (1, 64, None, False, jnp.float32),  # groups of 64 channels, no documents
+    (2, 1, 2, False, jnp.float32),      # T = 1: only the last tap sees data
+    (3, 3, None, True, jnp.float32),    # T shorter than the taps
+    (4, 130, 2, True, jnp.bfloat16),    # bf16, several blocks
+])
+def test_kernel_backward_matches_xla(case, length, normalize_heads, documents, dtype):
+    x, kernel, segment_ids = _inputs(case_seed(case), 2, length, 128, 4, dtype, documents)
+    cotangent = jnp.asarray(np.random.default_rng(case_seed(case) + 1).standard_normal(
+        (2, length, 128)), jnp.float32)
+    y_xla, (dx_xla, dk_xla) = _loss_and_grads("xla", x, kernel, segment_ids, normalize_heads,
+                                              cotangent)
+    with interpret.gpu_interpret():
+        y, (dx, dk) = _loss_and_grads("pallas", x, kernel, segment_ids, normalize_heads,
+                                      cotangent)
+    assert not interpret.races_found()
+    np.testing.assert_array_equal(np.asarray(y, np.float32), np.asarray(y_xla, np.float32))
+    error = lambda a, b: float(jnp.max(jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32))))
+    scale = lambda a: float(jnp.max(jnp.abs(a.astype(jnp.float32)))) + 1e-6
+    if dtype == jnp.float32:      # the same sums in another order
+        assert error(dx, dx_xla) <= 2e-5 * scale(dx_xla)
+        assert error(dk, dk_xla) <= 2e-5 * scale(dk_xla)
+        return
+    # bf16: "xla" rounds the cotangent to bf16 between the norm and silu, the kernel keeps
+    # float32 throughout; both against float32 on the same rounded x
+    _, (dx_f32, dk_f32) = _loss_and_grads("xla", x.astype(jnp.float32), kernel, segment_ids,
+                                          normalize_heads, cotangent)
+    for ours, theirs, exact in ((dx, dx_xla, dx_f32), (dk, dk_xla, dk_f32)):
+        assert error(ours, exact) <= 1e-2 * scale(exact)
+        assert error(ours, exact) <= 1.5 * error(theirs, exact) + 1e-6 * scale(exact)
+
+def test_taps_before_each_document_read_zero():
+    """dtotal at a document's first rows ignores the previous document's rows: the kernel's
+    taps gradient with documents differs from the one without, exactly by those terms."""
+    x, kernel, _ = _inputs(case_seed(5), 1, 64, 64, 4, jnp.float32, False)
+    ids_two = jnp.asarray(np.r_[np.zeros(32), np.ones(32)][None], jnp.float32)
+    dy = jnp.ones((1, 64, 1, 64), jnp.float32)
+    xp = jnp.pad(x.reshape(1, 64, 1, 64), ((0, 0), (PAD, 0), (0, 0), (0, 0)))
+    taps = kernel.reshape(4, 1, 64)
+    with interpret.gpu_interpret():
+        results = [conv_backward(xp, dy, jnp.pad(ids, ((0, 0), (PAD, 0)), constant_values=-1.0),
+                                 taps, normalize=False, eps=1e-6)
+                   for ids in (jnp.zeros((1, 64), jnp.float32), ids_two)]
+    (dtotal_one, dw_one), (dtotal_two, dw_two) = results
+    # rows 32..34 lose their taps into rows 29..31: total changes there, nowhere else
+    changed = np.flatnonzero(np.any(np.asarray(dtotal_one != dtotal_two), axis=(0, 2, 3)))
+    assert changed.tolist() == [32, 33, 34]
+    assert not np.allclose(dw_one, dw_two)
+
+
+def test_pallas_needs_hopper_or_the_interpreter():
+    x, kernel, _ = _inputs(0, 1, 8, 64, 4, jnp.bfloat16, False)
+    with pytest.raises(UnsupportedImplementationError, match="Hopper"):
+        short_conv(x, kernel, implementation="pallas")
+    assert REGISTRY.select(None, platform="gpu", compute_capability="9.0", dtype=jnp.bfloat16,
+                           channels=96, normalize_heads=None, kernel_size=4)[0] == "xla"
+
+
+@pytest.mark.parametrize("normalize_heads, channels", [(2, 128), (None, 192), (3, 384)])
+def test_kernel_lowers_for_hopper(normalize_heads, channels):
+    x = jnp.zeros((2, 100, channels), jnp.bfloat16)
+    kernel = jnp.zeros((4, channels), jnp.float32)
+    segment_ids = jnp.zeros((2, 100), jnp.int32)
+
+    def grads(x, kernel):
+        def loss(x, kernel):
+            return jnp.sum(short_conv_pallas(x, kernel, segment_ids, dtype=jnp.bfloat16,
+                                             normalize_heads=normalize_heads).astype(jnp.float32))
+        return jax.grad(loss, argnums=(0, 1))(x, kernel)
+
+    lowered = jax.jit(grads).trace(x, kernel).lower(lowering_platforms=("cuda",))
+    assert "mosaic_gpu" in lowered.as_text()
