@@ -119,7 +119,9 @@ def test_ring_attention_matches_unsplit_values_and_gradients():
     assert set(result) == {"fpa", "fpa_query_level_no_content", "fox"}
     for case, errors in result.items():
         for name, error in errors.items():
-            assert error < 1e-4, (case, name, error)   # relative to the largest entry
+            # relative to the largest entry; d beta sums every pair of a head, so float32
+            # reordering over the ring reaches 1.4e-4 on some seeds (a wrong gradient is O(1))
+            assert error < (5e-4 if name == "beta" else 1e-4), (case, name, error)
 
 
 # The report this guards against: ring_fox_attention alone (B=1, no segment ids) had inf dq, dk
