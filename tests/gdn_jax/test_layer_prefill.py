@@ -4,6 +4,7 @@ as the parallel forward over the longer sequence would."""
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from gdn_jax import GatedDeltaNet
 from tests.seeds import case_seed
@@ -12,6 +13,7 @@ MODULE = GatedDeltaNet(num_heads=2, head_dim=4, num_v_heads=4, v_head_dim=3, con
                        chunk_size=8, implementation="reference")
 
 
+@pytest.mark.slow
 def test_prefill_then_steps_reproduce_the_parallel_forward():
     seed = case_seed(1)
     x = jax.random.normal(jax.random.PRNGKey(seed), (2, 11, 10))

@@ -62,6 +62,7 @@ def _one_error_line(result) -> str:
     return lines[0]
 
 
+@pytest.mark.slow
 def test_unreadable_checkpoints_are_one_error_line(trained, environment, tmp_path):
     run_dir, _ = trained
     newest_damaged = _copy_with_emptied_steps(run_dir, tmp_path / "newest", [4])
