@@ -21,12 +21,12 @@ import jax.numpy as jnp  # noqa: E402
 from jax._src.ad_checkpoint import saved_residuals  # noqa: E402
 
 from mixer_core import registry  # noqa: E402
-from train.core.model import build_model  # noqa: E402
-from train.core.presets import load_config  # noqa: E402
 
 
 def residual_bytes(preset, layers, context, batch_size):
     """Counter {(origin, dtype, shape): bytes} of the loss's residuals."""
+    from train.core.model import build_model   # after main() has set the platform
+    from train.core.presets import load_config
     config = load_config(preset, [f"model.num_layers={layers}"])
     model = build_model(config, 32768)
     tokens = jnp.zeros((batch_size, context), jnp.int32)
@@ -48,6 +48,7 @@ def main():
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--top", type=int, default=20)
     args = parser.parse_args()
+    # the ops read platform_facts when first imported: set it before train imports them
     registry.platform_facts = lambda: {"platform": "gpu", "compute_capability": "9.0"}
     for preset in args.presets:
         one, two = (residual_bytes(preset, n, args.context, args.batch_size) for n in (1, 2))
