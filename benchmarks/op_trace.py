@@ -76,6 +76,17 @@ def gdn_inputs(shape, rng):
     return (q.astype(jnp.bfloat16), k.astype(jnp.bfloat16), v, g, beta), {}
 
 
+def device_ms_per_call(fn, args, repeats):
+    """{device event name: ms per call of fn(*args)}, costliest first, from a jax.profiler
+    trace of `repeats` calls (fn already compiled)."""
+    with tempfile.TemporaryDirectory() as trace_dir:
+        with jax.profiler.trace(trace_dir):
+            for _ in range(repeats):
+                jax.block_until_ready(fn(*args))
+        totals = event_totals(trace_dir)
+    return {name: us / repeats / 1e3 for name, us in totals.most_common()}
+
+
 def trace_one(op, shape, fields, repeats, top, out_dir):
     """Time and trace one op at one shape (and FPA field regime); print and write its table."""
     rng = np.random.default_rng(0)
@@ -92,12 +103,7 @@ def trace_one(op, shape, fields, repeats, top, out_dir):
         started = time.perf_counter()
         jax.block_until_ready(grads(*inputs))
         wall.append(1e3 * (time.perf_counter() - started))
-    with tempfile.TemporaryDirectory() as trace_dir:
-        with jax.profiler.trace(trace_dir):
-            for _ in range(repeats):
-                jax.block_until_ready(grads(*inputs))
-        totals = event_totals(trace_dir)
-    per_call = {name: us / repeats / 1e3 for name, us in totals.most_common()}
+    per_call = device_ms_per_call(grads, inputs, repeats)
     knobs = _knobs(op)
     label = "_".join([op, fields if op == "fpa" else "", "x".join(map(str, shape)),
                       *(f"{key}-{value}" for key, value in knobs.items())])
@@ -118,7 +124,9 @@ def _knobs(op):
         from mixer_kernels.mosaic_gpu.gated_delta import vjp
         return {"intra_backward": vjp.INTRA_BACKWARD}
     from mixer_kernels.mosaic_gpu.attention import backward
-    return {"overlap": dict(backward.OVERLAP)}
+    overlap_dq, overlap_dkv = backward.OVERLAP[{"fpa": "fpa", "fox": "separable",
+                                                "softmax": "none"}[op]]
+    return {"overlap_dq": overlap_dq, "overlap_dkv": overlap_dkv}
 
 
 def main():

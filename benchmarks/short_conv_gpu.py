@@ -14,7 +14,6 @@ jax.profiler, device ms per kernel (the kernel and every XLA fusion around it), 
 import argparse
 import os
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -24,7 +23,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from gdn_jax.ops.short_conv import short_conv  # noqa: E402
-from train.tools.profile_trace import event_totals  # noqa: E402
+from benchmarks.op_trace import device_ms_per_call  # noqa: E402
 
 
 def gradient_fn(implementation, segment_ids, heads):
@@ -43,17 +42,6 @@ def median_ms(fn, args, repeats):
         jax.block_until_ready(fn(*args))
         times.append(1e3 * (time.perf_counter() - start))
     return float(np.median(times))
-
-
-def device_ms(fn, args, repeats, top=8):
-    """[(kernel name, device ms per call)] of fn(*args), costliest first."""
-    jax.block_until_ready(fn(*args))
-    with tempfile.TemporaryDirectory() as trace_dir:
-        with jax.profiler.trace(trace_dir):
-            for _ in range(repeats):
-                jax.block_until_ready(fn(*args))
-        totals = event_totals(trace_dir)
-    return [(name, us / repeats / 1e3) for name, us in totals.most_common(top)]
 
 
 def relative(a, b):
@@ -94,8 +82,10 @@ def main():
     if args.trace:
         for heads in (args.heads, None):
             for name in ("xla", "pallas"):
-                events = device_ms(gradient_fn(name, segment_ids, heads), (x, kernel, cotangent),
-                                   args.repeats)
+                fn = gradient_fn(name, segment_ids, heads)
+                jax.block_until_ready(fn(x, kernel, cotangent))
+                events = list(device_ms_per_call(fn, (x, kernel, cotangent),
+                                                 args.repeats).items())[:8]
                 print(f"{name}, heads {heads or '-'}: device {sum(ms for _, ms in events):.3f} ms "
                       f"(top {len(events)})")
                 for kernel_name, ms in events:
