@@ -2,7 +2,7 @@
 
     python benchmarks/op_trace.py fpa --shape 4,4096,12,64 --fields walk [--out DIR]
     python benchmarks/op_trace.py gdn --shape 4,4096,16,128 [--intra-backward pallas]
-    python benchmarks/op_trace.py fpa|fox|softmax ... [--overlap none|dq|dkv|both]
+    python benchmarks/op_trace.py fpa|fox|softmax ... [--overlap none|dq|dkv|both] [--one-sweep on|off]
     python benchmarks/op_trace.py fpa --shape 4,4096,12,64 1,16384,12,64 --fields walk,flat,fox
 
 op: fpa | fox | softmax (the "pallas" kernels) or gdn (gated_delta_rule, "pallas"); bf16 inputs,
@@ -124,9 +124,10 @@ def _knobs(op):
         from mixer_kernels.mosaic_gpu.gated_delta import vjp
         return {"intra_backward": vjp.INTRA_BACKWARD}
     from mixer_kernels.mosaic_gpu.attention import backward
-    overlap_dq, overlap_dkv = backward.OVERLAP[{"fpa": "fpa", "fox": "separable",
-                                                "softmax": "none"}[op]]
-    return {"overlap_dq": overlap_dq, "overlap_dkv": overlap_dkv}
+    mode = {"fpa": "fpa", "fox": "separable", "softmax": "none"}[op]
+    overlap_dq, overlap_dkv = backward.OVERLAP[mode]
+    return {"overlap_dq": overlap_dq, "overlap_dkv": overlap_dkv,
+            "one_sweep": backward.ONE_SWEEP[mode]}
 
 
 def main():
@@ -144,7 +145,14 @@ def main():
                         help="attention: the backward sweeps that issue the scores' and dP's "
                              "matmuls together, for every bias mode (unset: the library's "
                              "per-mode mixer_kernels/mosaic_gpu/attention/backward.py OVERLAP)")
+    parser.add_argument("--one-sweep", choices=("on", "off"), default=None,
+                        help="attention: dq and the row sums formed in the dk/dv sweep (TMA "
+                             "reductions), for every bias mode (unset: the library's per-mode "
+                             "backward.py ONE_SWEEP)")
     args = parser.parse_args()
+    if args.one_sweep is not None:
+        from mixer_kernels.mosaic_gpu.attention import backward
+        backward.ONE_SWEEP = {mode: args.one_sweep == "on" for mode in backward.ONE_SWEEP}
     if args.overlap is not None:
         from mixer_kernels.mosaic_gpu.attention import backward
         schedule = (args.overlap in ("dq", "both"), args.overlap in ("dkv", "both"))

@@ -9,10 +9,17 @@ NaN so a read of memory nothing wrote shows up in the result, and the happens-be
 detector on. The ops' "pallas" entries accept the CPU only while this mode is active
 (`interpret_active`). After a kernel raises inside the interpreter, call `reset()` before
 interpreting again in the same process.
+
+The interpreter does not implement TMA reductions (`plgpu.copy_smem_to_gmem(...,
+reduction_op="add")`); `gpu_interpret()` adds "add" as a read-add-write of the destination.
+It runs the grid's programs one after another, so that equals the hardware's atomic
+reduction up to the order of the float32 additions; the race detector skips the reduced
+destination (concurrent reductions are not a race) and still checks the shared-memory source.
 """
 
 import contextlib
 
+import jax
 from jax._src import config as _jax_config
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
@@ -24,8 +31,67 @@ def test_params(detect_races: bool = True) -> plgpu.InterpretGPUParams:
 @contextlib.contextmanager
 def gpu_interpret(detect_races: bool = True):
     """Force GPU interpret mode for kernels traced inside this context."""
+    _add_tma_reduction()
     with plgpu.force_gpu_interpret_mode(test_params(detect_races)):
         yield
+
+
+def _add_tma_reduction() -> None:
+    """Teach the interpreter's SMEM -> GMEM copy the "add" reduction (module docstring)."""
+    from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks as callbacks
+    if getattr(callbacks.copy_smem_to_gmem, "reduces", False):
+        return
+    copy = callbacks.copy_smem_to_gmem
+
+    class AddTask(callbacks.AsyncCopySmemToGmemTask):
+        def __call__(self, tma_thread_id):
+            memory = callbacks._get_shared_memory()
+            self.pre_read(tma_thread_id, memory)
+            value, _, _ = memory.get_buffer_content(self.src_allocation_key, self.src_access,
+                                                    self.thread)
+            old, _, _ = memory.get_buffer_content(self.dst_allocation_key, self.dst_access,
+                                                  self.thread)
+            if value is None or old is None or value.shape != old.shape:
+                raise IndexError(f"TMA reduction out of bounds: [{self.src_access}] into "
+                                 f"[{self.dst_access}]")
+            if memory.detect_races:  # the source was checked; the reduction is atomic
+                self.clock.inc(tma_thread_id)
+                self.read_clock = self.write_clock = self.clock.copy()
+            memory.store_buffer_content(self.dst_allocation_key, self.dst_access, old + value,
+                                        self.thread)
+            self.post_write(tma_thread_id, memory)
+
+    @callbacks.fail_on_exception
+    def copy_smem_to_gmem(*, token, mesh_location, thread, src_allocation_key_as_array,
+                          src_transforms, dst_allocation_key_as_array, dst_transforms,
+                          predicate, source_info, commit_group, reduction_op):
+        if reduction_op is None:
+            return copy(token=token, mesh_location=mesh_location, thread=thread,
+                        src_allocation_key_as_array=src_allocation_key_as_array,
+                        src_transforms=src_transforms,
+                        dst_allocation_key_as_array=dst_allocation_key_as_array,
+                        dst_transforms=dst_transforms, predicate=predicate,
+                        source_info=source_info, commit_group=commit_group,
+                        reduction_op=None)
+        if str(reduction_op).lower().rsplit(".", 1)[-1] != "add" or predicate is not None:
+            raise NotImplementedError(f"TMA reduction {reduction_op} with predicate "
+                                      f"{predicate} in the interpreter")
+        key = callbacks.HostAllocationKey
+        src = key.from_array(src_allocation_key_as_array)
+        dst = key.from_array(dst_allocation_key_as_array)
+        src_transforms = jax.tree.map(int, callbacks._remove_noop_transforms(src_transforms))
+        dst_transforms = jax.tree.map(int, callbacks._remove_noop_transforms(dst_transforms))
+        memory = callbacks._get_shared_memory()
+        clock = memory.incr_clock(thread) if memory.detect_races else None
+        task = AddTask(mesh_location=mesh_location, thread=thread, src_allocation_key=src,
+                       src_access=memory.access(src, src_transforms), dst_allocation_key=dst,
+                       dst_access=memory.access(dst, dst_transforms), source_info=source_info,
+                       clock=clock)
+        memory.execute_async_task(task)
+        return token
+
+    copy_smem_to_gmem.reduces = True
+    callbacks.copy_smem_to_gmem = copy_smem_to_gmem
 
 
 def interpret_active() -> bool:

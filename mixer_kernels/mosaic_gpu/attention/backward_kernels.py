@@ -82,6 +82,7 @@ class KernelConfig:
                                     # backward.kernel_config picks it outside the interpreter)
     overlap_dq: bool = False  # dq: issue the scores' and dP's matmuls together and form P
     overlap_dkv: bool = False  # (bias, exp) while dP's is in flight; dk/dv likewise
+    one_sweep: bool = False   # dk/dv's sweep also forms dq and the row sums (TMA reductions)
 
     @property
     def skips(self):
@@ -436,14 +437,13 @@ class _Tile:
         have dS = 0); the callers apply beta to the sums."""
         return jnp.where(gap < 0.0, ds, 0.0), gap * ds
 
-    def exact_shares(self, coef, side, gap_min, gap_mass):
-        """Per-pair soft-min shares of an off-diagonal tile, summed at once: (piece sum, gap
-        sum or None).
+    def exact_shares(self, coef, gap_min, gap_mass):
+        """Per-pair soft-min shares of an off-diagonal tile, summed at once: (key side summed
+        over queries, gap summed over queries, query side summed over keys); a caller uses
+        the sums of its sides.
 
         A piece's share of a pair is coef / mass times the piece's own weight
         exp(-(piece min - R)/tau), mass = sum over the pieces of mass_piece exp(-(min - R)/tau).
-        side "key": the key-side shares summed over queries and the gap shares; side "query":
-        the query-side shares summed over keys.
         """
         tau = self.cfg.tau
         range_min = self.fpa_range_min(False, None, None, gap_min)
@@ -453,9 +453,8 @@ class _Tile:
         mass = (self.col("suf_mass") * to_key + self.row("pre_mass") * to_query
                 + gap_mass * to_gap)
         share = coef * reciprocal(jnp.maximum(mass, 1.0))
-        if side == "query":
-            return self.sum_over_keys(share * to_query), None
-        return self.sum_over_queries(share * to_key), self.sum_over_queries(share * to_gap)
+        return (self.sum_over_queries(share * to_key), self.sum_over_queries(share * to_gap),
+                self.sum_over_keys(share * to_query))
 
     def diagonal_shares(self, coef, pair_levels, suf, pre, diag_rows, diag_cols):
         """Per-level soft-min shares of a diagonal tile: ([key side per level], [query side per
@@ -633,67 +632,141 @@ def _sweep_scratch(cfg, n, head_dim, dtype, row_slots, col_slots):
     ]
 
 
-def _dkv_field_terms(cfg, tile, ds, extra, diagonal, path, r, gap, col_acc, add_gap):
-    """FPA's key-side sums of one tile into col_acc = (dpsi?, dbeta, share): paths 1 / 2 of
-    `_share_path` off the diagonal (separable, row-referenced; path 0 tiles run as plain
-    softmax tiles and never get here), the exact shares with query levels; d level and d beta
-    only on the diagonal (its shares: backward_diagonal_kernel.py). add_gap(total) takes the tile's
-    gap share."""
+def _field_sums(cfg, tile, p, ds, extra, field, col_acc, row_acc):
+    """FPA's field sums of one tile: the key side into col_acc = (dpsi?, dbeta, share) and the
+    query side into row_acc = (dpsi?, share, dsum, pgap) (dsum is the caller's), each None
+    where the sweep does not compute that side; with both, a pair's soft-min base is formed
+    once. Paths 1 / 2 of `_share_path` off the diagonal (separable, row-referenced; path 0
+    tiles run as plain softmax tiles and never get here), the exact shares with query levels;
+    a diagonal tile adds d level, d beta and pgap only (its shares:
+    backward_diagonal_kernel.py). field = (diagonal, path, r, (gap_min, gap_mass), add_gap);
+    add_gap(total) takes the tile's gap share (key side)."""
+    diagonal, path, r, (gap_min, gap_mass), add_gap = field
     beta = tile.beta
-    gap_min, gap_mass = gap
-    block_share = 1 if cfg.query_level else 2
+    keys, queries = col_acc is not None, row_acc is not None
+    col_share = 1 if cfg.query_level else 2
+    row_share = 1 if cfg.query_level else 0
 
-    def common(col_acc):
-        """(col_acc with d level, d beta added, coef / beta)."""
-        coef, gap_ds = tile.dead_coef(ds, extra["gap"]())
-        col_acc = list(col_acc)
-        at = 0
-        if not cfg.query_level:
-            col_acc[0] = col_acc[0] - beta * tile.sum_over_queries(coef)
-            at = 1
-        col_acc[at] = col_acc[at] + tile.sum_over_queries(gap_ds)
-        return col_acc, coef
+    def common(accs):
+        """(col_acc, row_acc as lists with d level, d beta, pgap added, coef / beta)."""
+        col_acc, row_acc = (None if acc is None else list(acc) for acc in accs)
+        u = extra["gap"]()
+        coef, gap_ds = tile.dead_coef(ds, u)
+        if keys:
+            at = 0
+            if not cfg.query_level:
+                col_acc[0] = col_acc[0] - beta * tile.sum_over_queries(coef)
+                at = 1
+            col_acc[at] = col_acc[at] + tile.sum_over_queries(gap_ds)
+        if queries:
+            row_acc[-1] = row_acc[-1] + tile.sum_over_keys(p * u)
+            if cfg.query_level:
+                row_acc[0] = row_acc[0] - beta * tile.sum_over_keys(coef)
+        return col_acc, row_acc, coef
 
-    def exact(col_acc):
-        col_acc, coef = common(col_acc)
+    def done(col_acc, row_acc):
+        return tuple(None if acc is None else tuple(acc) for acc in (col_acc, row_acc))
+
+    def exact(accs):
+        col_acc, row_acc, coef = common(accs)
         if not diagonal:
-            total, gap_sum = tile.exact_shares(coef, "key", gap_min, gap_mass)
-            col_acc[block_share] = col_acc[block_share] + beta * total
-            add_gap(beta * jnp.sum(gap_sum))
-        return tuple(col_acc)
+            key_sum, gap_sum, query_sum = tile.exact_shares(coef, gap_min, gap_mass)
+            if keys:
+                col_acc[col_share] = col_acc[col_share] + beta * key_sum
+                add_gap(beta * jnp.sum(gap_sum))
+            if queries:
+                row_acc[row_share] = row_acc[row_share] + beta * query_sum
+        return done(col_acc, row_acc)
 
-    def separable(col_acc):
-        col_acc, coef = common(col_acc)
-        base, w_key, _, w_gap = tile.separable_weights(coef, r, gap_min, gap_mass)
-        per_key = beta * tile.sum_over_queries(base)
-        col_acc[block_share] = col_acc[block_share] + w_key * per_key
-        add_gap(w_gap * jnp.sum(per_key))
-        return tuple(col_acc)
+    def separable(accs):
+        col_acc, row_acc, coef = common(accs)
+        base, w_key, w_query, w_gap = tile.separable_weights(coef, r, gap_min, gap_mass)
+        if keys:
+            per_key = beta * tile.sum_over_queries(base)
+            col_acc[col_share] = col_acc[col_share] + w_key * per_key
+            add_gap(w_gap * jnp.sum(per_key))
+        if queries:
+            row_acc[row_share] = row_acc[row_share] + (beta * w_query) * tile.sum_over_keys(base)
+        return done(col_acc, row_acc)
 
-    def row_referenced(col_acc):
-        col_acc, coef = common(col_acc)
-        base, key_weight, query_factor, _, w_gap = tile.row_referenced_weights(
+    def row_referenced(accs):
+        col_acc, row_acc, coef = common(accs)
+        base, key_weight, query_factor, w_query, w_gap = tile.row_referenced_weights(
             coef, gap_min, gap_mass)
-        col_acc[block_share] = (col_acc[block_share]
-                                + beta * tile.sum_over_queries(base * key_weight))
-        gap_share = base * query_factor * lax.broadcast_in_dim(w_gap, tile.shape, [tile.qa])
-        add_gap(beta * jnp.sum(tile.sum_over_queries(gap_share)))
-        return tuple(col_acc)
+        if keys:
+            col_acc[col_share] = (col_acc[col_share]
+                                  + beta * tile.sum_over_queries(base * key_weight))
+        per_query = beta * tile.sum_over_keys(base * query_factor)  # query and gap pieces
+        if keys:
+            add_gap(jnp.sum(per_query * w_gap))
+        if queries:
+            row_acc[row_share] = row_acc[row_share] + w_query * per_query
+        return done(col_acc, row_acc)
 
     if diagonal or not cfg.separable:
-        return exact(col_acc)
-    return lax.cond(path == 1, separable, row_referenced, col_acc)  # path 0: no field work
+        return exact((col_acc, row_acc))
+    return lax.cond(path == 1, separable, row_referenced, (col_acc, row_acc))
 
 
-def dkv_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
-    """One program per (head, key block, batch): dk, dv [B, Tp, H, D], column pack, gap totals."""
+def _tile_sums(cfg, tile, p, ds, extra, field, col_acc, row_acc):
+    """(col_acc, row_acc) past one tile's bias-gradient sums: d col (separable) or FPA's key
+    side into col_acc, d row or FPA's dsum and query side into row_acc; None for a side the
+    sweep does not compute. field: `_field_sums`' (FPA tiles with field work) or None."""
+    if cfg.mode == "separable":
+        if col_acc is not None:
+            col_acc = (col_acc[0] - tile.sum_over_queries(ds),)
+        if row_acc is not None:
+            row_acc = (row_acc[0] + tile.sum_over_keys(ds),)
+        return col_acc, row_acc
+    if cfg.mode != "fpa":
+        return col_acc, row_acc
+    if row_acc is not None:
+        row_acc = (*row_acc[:-2], row_acc[-2] + tile.sum_over_keys(ds), row_acc[-1])
+    if field is None:
+        return col_acc, row_acc
+    return _field_sums(cfg, tile, p, ds, extra, field, col_acc, row_acc)
+
+
+def _reduce_query_side(cfg, ds, ds_s, k_s, dq_s, rowo_s, row_sums, dq_dst, rows_dst):
+    """One sweep (cfg.one_sweep): this tile's dq = dS K (float32, unscaled) and query-side sums,
+    added to their float32 accumulators in global memory by TMA reductions (the hardware adds
+    atomically; no other program waits for them). On the shared-memory path ds_s holds dS^T
+    already (dk's matmul staged it)."""
+    if cfg.content:
+        if cfg.lhs_in_registers:
+            ds_s[...] = ds.astype(ds_s.dtype)
+            plgpu.commit_smem()
+        dq = matmul(ds_s.transpose((1, 0)), k_s, dq_s.shape)
+    plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the last tile's reductions read dq_s
+    if cfg.content:
+        dq_s[...] = dq
+    for index, x in enumerate(row_sums):
+        rowo_s.at[index][...] = x
+    plgpu.commit_smem()
+    if cfg.content:
+        plgpu.copy_smem_to_gmem(dq_s, dq_dst, reduction_op="add")
+    if row_sums:
+        plgpu.copy_smem_to_gmem(rowo_s, rows_dst, reduction_op="add")
+
+
+def dkv_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta, dq_acc=None,
+               rowo_acc=None):
+    """One program per (head, key block, batch): dk, dv [B, Tp, H, D], column pack, gap totals.
+    With cfg.one_sweep it also adds each tile's dq (float32, unscaled) into the mutable ref
+    dq_acc [B, Tp, H, D] and its row sums (`row_out_names`) into rowo_acc [B, H, nb, R, n]
+    (None without row sums), both zero on entry."""
     batch, tp, heads, head_dim = q.shape
     n = cfg.block
     nb = tp // n
     fpa = cfg.mode == "fpa"
     row_names, col_names = cfg.row_names(), cfg.col_names()
     out_names = cfg.col_out_names()
+    row_out_names = cfg.row_out_names()
     chunks = -(-nb // n)
+    accumulators = ((dq_acc,) + ((rowo_acc,) if row_out_names else ())) if cfg.one_sweep else ()
+    if cfg.one_sweep and (dq_acc is None or (rowo_acc is None) != (not row_out_names)):
+        raise ValueError("dkv_kernel: one_sweep needs dq_acc, and rowo_acc exactly when the "
+                         f"mode has row sums ({row_out_names})")
 
     out_types = [jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)]
     if out_names:
@@ -703,11 +776,14 @@ def dkv_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
 
     def body(*refs):
         (q_ref, k_ref, v_ref, do_ref, rowp_ref, colp_ref, rowd_ref, cold_ref, beta_ref,
-         dk_ref, dv_ref, *rest) = refs
+         *rest) = refs
+        dq_ref = rest.pop(0) if cfg.one_sweep else None
+        rowo_ref = rest.pop(0) if cfg.one_sweep and row_out_names else None
+        dk_ref, dv_ref = rest.pop(0), rest.pop(0)
         colo_ref = rest.pop(0) if out_names else None
         gapo_ref = rest.pop(0) if fpa else None
         (k_s, v_s, q_s, do_s, rowp_s, colp_s, rowd_s, cold_s, beta_s, p_s, ds_s, colo_s, gap_s,
-         bars) = rest
+         dq_s, rowo_s, bars) = rest
         h = lax.axis_index("h")
         j = lax.axis_index("kb")
         b = lax.axis_index("b")
@@ -747,21 +823,29 @@ def dkv_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
                     lambda p: _accumulate(cfg, dv, p, p_s, do_s.at[slot])[0])
                 ds = p * (dp - tile.row("delta"))
 
-                def column_sums(col_acc):  # during dk's matmul
-                    if cfg.mode == "separable":
-                        return (col_acc[0] - tile.sum_over_queries(ds),)
-                    if fpa and field_work:
-                        return _dkv_field_terms(cfg, tile, ds, extra, diagonal, path, r,
-                                                (gap_min, gap_mass), col_acc,
-                                                functools.partial(_add_gap_total, gap_s, i, n))
-                    return col_acc
+                field = None
+                if fpa and field_work:
+                    field = (diagonal, path, r, (gap_min, gap_mass),
+                             functools.partial(_add_gap_total, gap_s, i, n))
+                row_zeros = tuple(_zeros((n,), plgpu.Layout.WGMMA.reduce(0))
+                                  for _ in (row_out_names if cfg.one_sweep else ()))
+                width = len(col_acc)
 
+                def sums(acc):  # during dk's matmul
+                    col, row = _tile_sums(cfg, tile, p, ds, extra, field, acc[:width],
+                                          acc[width:] if cfg.one_sweep else None)
+                    return (*col, *(row or ()))
+
+                acc = (*col_acc, *row_zeros)
                 if cfg.content:
-                    dk, col_acc = _accumulate(cfg, dk, ds, ds_s, q_s.at[slot], column_sums,
-                                              col_acc)
+                    dk, acc = _accumulate(cfg, dk, ds, ds_s, q_s.at[slot], sums, acc)
                 else:
-                    col_acc = column_sums(col_acc)
-                return dk, dv, col_acc
+                    acc = sums(acc)
+                if cfg.one_sweep:
+                    rows_dst = None if rowo_ref is None else rowo_ref.at[b, h, i]
+                    _reduce_query_side(cfg, ds, ds_s, k_s, dq_s, rowo_s, acc[width:],
+                                       dq_ref.at[b, pl.ds(i * n, n), h], rows_dst)
+                return dk, dv, acc[:width]
 
             return _sweep_tile(cfg, compute, state, rows, cols, rows, (gap_min, gap_mass), beta,
                                diagonal)
@@ -790,58 +874,19 @@ def dkv_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
     dtype = q.dtype
     scratch = [
         *_sweep_scratch(cfg, n, head_dim, dtype, row_slots=2, col_slots=1),
-        *(None if cfg.lhs_in_registers else swizzled_smem((n, n), dtype) for _ in range(2)),
+        None if cfg.lhs_in_registers else swizzled_smem((n, n), dtype),
+        None if cfg.lhs_in_registers and not cfg.one_sweep else swizzled_smem((n, n), dtype),
         plgpu.SMEM((max(len(out_names), 1), n), jnp.float32),
         plgpu.SMEM((chunks, n), jnp.float32) if fpa else None,
+        swizzled_smem((n, head_dim), jnp.float32) if cfg.one_sweep and cfg.content else None,
+        plgpu.SMEM((max(len(row_out_names), 1), n), jnp.float32) if cfg.one_sweep else None,
         plgpu.Barrier(num_barriers=12),
     ]
     body.__name__ = f"attention_dkv_{cfg.mode}"  # the kernel's name in profiles
     return plgpu.kernel(
         body, out_type=tuple(out_types), scratch_types=scratch, compiler_params=COMPILER_PARAMS,
         grid=(heads, nb, batch), grid_names=("h", "kb", "b"),
-    )(q, k, v, dout, rowp, colp, rowd, cold, beta)
-
-
-def _dq_field_terms(cfg, tile, p, ds, extra, diagonal, path, r, gap, row_acc):
-    """FPA's query-side sums of one tile into row_acc = (dpsi?, share, dsum, pgap) (dsum is
-    added by the caller): the paths of `_dkv_field_terms`."""
-    beta = tile.beta
-    gap_min, gap_mass = gap
-    block_share = 1 if cfg.query_level else 0
-
-    def common(row_acc):
-        """(row_acc with pgap and, with query levels, d level added, coef / beta)."""
-        gap = extra["gap"]()
-        coef, _ = tile.dead_coef(ds, gap)
-        row_acc = list(row_acc)
-        row_acc[-1] = row_acc[-1] + tile.sum_over_keys(p * gap)
-        if cfg.query_level:
-            row_acc[0] = row_acc[0] - beta * tile.sum_over_keys(coef)
-        return row_acc, coef
-
-    def exact(row_acc):
-        row_acc, coef = common(row_acc)
-        if not diagonal:
-            total, _ = tile.exact_shares(coef, "query", gap_min, gap_mass)
-            row_acc[block_share] = row_acc[block_share] + beta * total
-        return tuple(row_acc)
-
-    def separable(row_acc):
-        row_acc, coef = common(row_acc)
-        base, _, w_query, _ = tile.separable_weights(coef, r, gap_min, gap_mass)
-        row_acc[block_share] = row_acc[block_share] + (beta * w_query) * tile.sum_over_keys(base)
-        return tuple(row_acc)
-
-    def row_referenced(row_acc):
-        row_acc, coef = common(row_acc)
-        base, _, query_factor, w_query, _ = tile.row_referenced_weights(coef, gap_min, gap_mass)
-        row_acc[block_share] = (row_acc[block_share]
-                                + (beta * w_query) * tile.sum_over_keys(base * query_factor))
-        return tuple(row_acc)
-
-    if diagonal or not cfg.separable:
-        return exact(row_acc)
-    return lax.cond(path == 1, separable, row_referenced, row_acc)  # path 0: no field work
+    )(q, k, v, dout, rowp, colp, rowd, cold, beta, *accumulators)
 
 
 def dq_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
@@ -897,17 +942,12 @@ def dq_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
                     (do_s, v_s.at[slot].transpose((1, 0))), (n, n))
                 ds = p * (dp - tile.row("delta"))
 
+                field = None
+                if fpa and field_work:
+                    field = (diagonal, path, r, (gap_min, gap_mass), None)
+
                 def row_sums(row_acc):  # during dq's matmul
-                    row_acc = list(row_acc)
-                    if cfg.mode == "separable":
-                        row_acc[0] = row_acc[0] + tile.sum_over_keys(ds)
-                    elif fpa:
-                        row_acc[-2] = row_acc[-2] + tile.sum_over_keys(ds)
-                        if field_work:
-                            row_acc = _dq_field_terms(cfg, tile, p, ds, extra, diagonal,
-                                                      path, r, (gap_min, gap_mass),
-                                                      tuple(row_acc))
-                    return tuple(row_acc)
+                    return _tile_sums(cfg, tile, p, ds, extra, field, None, row_acc)[1]
 
                 if cfg.content:
                     dq, row_acc = _accumulate(cfg, dq, ds, ds_s, k_s.at[slot], row_sums,
