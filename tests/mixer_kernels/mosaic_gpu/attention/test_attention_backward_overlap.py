@@ -10,22 +10,9 @@ import pytest
 
 from mixer_core import interpret
 from mixer_kernels.mosaic_gpu.attention import backward
-from mixer_kernels.mosaic_gpu.attention.backward import FPABias, NoBias, SeparableBias, attention_backward
+from mixer_kernels.mosaic_gpu.attention.backward import attention_backward
+from tests.mixer_kernels.mosaic_gpu.attention.schedule_cases import backward_case
 from tests.seeds import case_seed
-
-SHAPE = (1, 130, 1, 64)     # three blocks: diagonal, off-diagonal and a ragged last block
-
-
-def _inputs(seed, kind):
-    rng = np.random.default_rng(seed)
-    q, k, v, out, dout = (jnp.asarray(rng.standard_normal(SHAPE), jnp.float32) for _ in range(5))
-    lse = jnp.asarray(rng.standard_normal((1, 1, SHAPE[1])) + 4.0, jnp.float32)
-    walk = jnp.asarray(np.cumsum(rng.normal(-0.3, 1.0, (1, SHAPE[1], 1)), axis=1), jnp.float32)
-    bias = {"fpa": FPABias(walk, walk + jnp.asarray(rng.normal(0, 1, walk.shape), jnp.float32),
-                           jnp.ones((1,), jnp.float32)),
-            "fox": SeparableBias(walk, walk), "none": NoBias()}[kind]
-    segment_ids = jnp.asarray((np.arange(SHAPE[1]) >= 90)[None].astype(np.int32))
-    return (q, k, v, out, lse, dout), bias, segment_ids
 
 
 def _grads(args, bias, segment_ids, overlap, monkeypatch):
@@ -41,7 +28,7 @@ def _grads(args, bias, segment_ids, overlap, monkeypatch):
 
 @pytest.mark.parametrize("case, kind", [(0, "fpa"), (1, "fox"), (2, "none")])
 def test_overlapped_schedule_matches_the_sequential_one(case, kind, monkeypatch):
-    args, bias, segment_ids = _inputs(case_seed(case), kind)
+    args, bias, segment_ids = backward_case(case_seed(case), kind)
     sequential = _grads(args, bias, segment_ids, False, monkeypatch)
     overlapped = _grads(args, bias, segment_ids, True, monkeypatch)
     assert len(sequential) == len(overlapped) >= 3
@@ -53,7 +40,7 @@ def test_overlapped_schedule_matches_the_sequential_one(case, kind, monkeypatch)
 @pytest.mark.parametrize("kind", ["fpa", "fox"])
 def test_overlapped_schedule_lowers_for_hopper(kind, monkeypatch):
     monkeypatch.setattr(backward, "OVERLAP", {mode: (True, True) for mode in backward.OVERLAP})
-    args, bias, segment_ids = _inputs(0, kind)
+    args, bias, segment_ids = backward_case(0, kind)
     args = tuple(x.astype(jnp.bfloat16) if x.ndim == 4 else x for x in args)
     lowered = jax.jit(lambda *a: attention_backward(*a, bias=bias, scale=0.125,
                                                     segment_ids=segment_ids)).trace(

@@ -1,0 +1,27 @@
+"""Inputs of the tests that compare two schedules of the backward kernels (overlapped matmuls,
+one sweep): one head of dim 64 over three blocks (diagonal, off-diagonal and a ragged last
+block), two documents, float32."""
+
+import jax.numpy as jnp
+import numpy as np
+
+from mixer_kernels.mosaic_gpu.attention.backward import FPABias, NoBias, SeparableBias
+
+SHAPE = (1, 130, 1, 64)
+
+
+def backward_case(seed, kind):
+    """((q, k, v, out, lse, dout), bias, segment_ids); kind: fpa | fpa_query | fpa_no_content |
+    fox | none (FPA's field a drifting walk, its level the walk plus noise)."""
+    rng = np.random.default_rng(seed)
+    q, k, v, out, dout = (jnp.asarray(rng.standard_normal(SHAPE), jnp.float32) for _ in range(5))
+    lse = jnp.asarray(rng.standard_normal((1, 1, SHAPE[1])) + 4.0, jnp.float32)
+    walk = jnp.asarray(np.cumsum(rng.normal(-0.3, 1.0, (1, SHAPE[1], 1)), axis=1), jnp.float32)
+    level = walk + jnp.asarray(rng.normal(0, 1, walk.shape), jnp.float32)
+    beta = jnp.ones((1,), jnp.float32)
+    bias = {"fpa": FPABias(walk, level, beta),
+            "fpa_query": FPABias(walk, level, beta, query_level=True),
+            "fpa_no_content": FPABias(walk, level, beta, content=False),
+            "fox": SeparableBias(walk, walk), "none": NoBias()}[kind]
+    segment_ids = jnp.asarray((np.arange(SHAPE[1]) >= 90)[None].astype(np.int32))
+    return (q, k, v, out, lse, dout), bias, segment_ids
