@@ -13,9 +13,11 @@ Pallas kernel backward (same forward).
 Implementations (`REGISTRY`, op name "short_conv"; default order ("pallas", "xla")):
   "xla"     the forward under `jax.checkpoint` with nothing saved: the backward recomputes the
             float32 intermediates and XLA differentiates them; runs everywhere
-  "pallas"  the same forward under a custom VJP, saving only x; a Mosaic GPU kernel forms
-            d total and the taps' gradient per block of rows in one pass, XLA the input's
-            gradient from d total (`mixer_kernels/mosaic_gpu/short_conv/`: the backward and `supports`)
+  "pallas"  the same forward under a custom VJP, saving only x; one Mosaic GPU kernel pass
+            forms the input's gradient and the taps' gradient per block of rows, XLA only
+            the sum of the latter (`mixer_kernels/mosaic_gpu/short_conv/`: the backward and
+            `supports`; `common.DX_IN_KERNEL = False` for the earlier design, in which XLA
+            forms the input's gradient from the kernel's d total)
 An entry is `fn(x, kernel, segment_ids, *, dtype, normalize_heads) -> y`; `supports(**facts)`
 reads `platform_facts()` plus dtype, channels, normalize_heads and kernel_size.
 """

@@ -1,11 +1,16 @@
 """The backward of the "pallas" entry of `gdn_jax.ops.short_conv` (whose forward is XLA's,
-saving only its inputs): one Mosaic GPU pass (`backward_kernel.conv_backward`: d total and the
-taps' gradient per block of rows) plus one XLA pass for the input's gradient,
+saving only its inputs): one Mosaic GPU pass and, around it, XLA's sum of the taps' gradient
+over batch and blocks, with
 
     dx_u = sum_{s < W} kernel[W-1-s] m_s(u + s) dtotal_{u+s}      m_s(t) = [doc(t-s) == doc(t)]
 
+formed by the kernel itself (`common.DX_IN_KERNEL`, read when the backward is traced, where
+`common.dx_kernel_fits`: `backward_kernel.conv_backward_dx`, on x and dy as they are) or by
+one XLA pass over d total from the kernel (`backward_kernel.conv_backward`, on x padded in
+front by PAD rows: the earlier design, for an A/B).
+
 Heads of the kernel: the L2-normalised heads (normalize_heads) or groups of GROUP channels.
-The kernel runs behind one `jax.jit` per configuration (`_kernel_program`), so the layers'
+Each kernel runs behind one `jax.jit` per configuration (`_kernel_program`), so the layers'
 convolutions of equal shapes share one lowered kernel per compiled step.
 """
 
@@ -17,7 +22,8 @@ import jax.numpy as jnp
 from mixer_core import shard
 from mixer_kernels.mosaic_gpu.attention.forward import document_start_index
 from mixer_core.padding import pad_time
-from mixer_kernels.mosaic_gpu.short_conv.backward_kernel import conv_backward
+from mixer_kernels.mosaic_gpu.short_conv import common
+from mixer_kernels.mosaic_gpu.short_conv.backward_kernel import conv_backward, conv_backward_dx
 from mixer_kernels.mosaic_gpu.short_conv.common import BLOCK, GROUP, PAD
 
 
@@ -26,10 +32,10 @@ def head_width(channels: int, normalize_heads: int | None) -> int:
 
 
 @functools.cache
-def _kernel_program(normalize: bool, eps: float):
-    """`conv_backward` behind one jax.jit (GPU interpret mode is a JAX config state, so jit
-    keeps its interpreted and compiled traces apart)."""
-    return jax.jit(functools.partial(conv_backward, normalize=normalize, eps=eps))
+def _kernel_program(kernel, normalize: bool, eps: float):
+    """`kernel` behind one jax.jit (GPU interpret mode is a JAX config state, so jit keeps its
+    interpreted and compiled traces apart)."""
+    return jax.jit(functools.partial(kernel, normalize=normalize, eps=eps))
 
 
 def conv_backward_pass(x, kernel, segment_ids, dy, *, normalize_heads, eps):
@@ -40,19 +46,40 @@ def conv_backward_pass(x, kernel, segment_ids, dy, *, normalize_heads, eps):
     width = kernel.shape[0]
     dim = head_width(channels, normalize_heads)
     heads = channels // dim
-    rows = -(-length // BLOCK) * BLOCK
+    blocks = -(-length // BLOCK)
     # each position's document start (contiguous ids, as the layer's contract says), as the
     # attention kernels label documents: exact in float32 whatever the ids' magnitude
     ids = (jnp.zeros((batch, length), jnp.float32) if segment_ids is None
            else document_start_index(segment_ids, length))
-    xp = jnp.pad(x, ((0, 0), (PAD, rows - length), (0, 0))).reshape(batch, PAD + rows, heads, dim)
-    idsp = jnp.pad(ids, ((0, 0), (PAD, rows - length)), constant_values=-1.0)
-    dyp = pad_time(dy.reshape(batch, length, heads, dim).astype(x.dtype), rows)
+    program = functools.partial(_kernel_program, normalize=normalize_heads is not None, eps=eps)
+    x4 = x.reshape(batch, length, heads, dim)
+    dy4 = dy.reshape(batch, length, heads, dim).astype(x.dtype)
     taps = kernel.astype(jnp.float32).reshape(width, heads, dim)
-    dtotal, dw_part = shard.shard_batch_and_heads(
-        _kernel_program(normalize_heads is not None, eps),
-        xp, dyp, idsp, taps, layouts=("BTHD", "BTHD", "BT", "WHD"), out_layouts=("BTHD", "BNHWD"))
-    dtotal = dtotal[:, :length].reshape(batch, length, channels)
+    if common.DX_IN_KERNEL and common.dx_kernel_fits(width, dim, x.dtype.itemsize):
+        # a distinct negative id on every row outside the sequence
+        position = jnp.arange(PAD + blocks * BLOCK + PAD, dtype=jnp.float32)
+        inside = (position >= PAD) & (position < PAD + length)
+        idsp = jnp.where(inside, jnp.pad(ids, ((0, 0), (PAD, blocks * BLOCK - length + PAD))),
+                         -1.0 - position)
+        dx, dw_part = shard.shard_batch_and_heads(
+            program(conv_backward_dx), x4, dy4, idsp, taps,
+            layouts=("BTHD", "BTHD", "BT", "WHD"), out_layouts=("BTHD", "BNHWD"))
+        dx = dx.reshape(batch, length, channels)
+    else:
+        rows = blocks * BLOCK
+        xp = jnp.pad(x4, ((0, 0), (PAD, rows - length), (0, 0), (0, 0)))
+        idsp = jnp.pad(ids, ((0, 0), (PAD, rows - length)), constant_values=-1.0)
+        dtotal, dw_part = shard.shard_batch_and_heads(
+            program(conv_backward), xp, pad_time(dy4, rows), idsp, taps,
+            layouts=("BTHD", "BTHD", "BT", "WHD"), out_layouts=("BTHD", "BNHWD"))
+        dx = _dx_from_dtotal(dtotal[:, :length].reshape(batch, length, channels), kernel, ids)
+    d_kernel = dw_part.sum((0, 1)).transpose(1, 0, 2).reshape(width, channels)
+    return dx.astype(x.dtype), d_kernel.astype(kernel.dtype)
+
+
+def _dx_from_dtotal(dtotal, kernel, ids):
+    """dx [B, T, C] float32 from d total [B, T, C] float32 and the ids [B, T] (module doc)."""
+    width, length = kernel.shape[0], dtotal.shape[1]
     later = jnp.pad(dtotal, ((0, 0), (0, width - 1), (0, 0)))
     later_ids = jnp.pad(ids, ((0, 0), (0, width - 1)), constant_values=-1.0)
     taps32 = kernel.astype(jnp.float32)
@@ -60,5 +87,4 @@ def conv_backward_pass(x, kernel, segment_ids, dy, *, normalize_heads, eps):
     for s in range(1, min(width, length)):
         same = (later_ids[:, s:s + length] == ids)[..., None]
         dx = dx + jnp.where(same, later[:, s:s + length], 0.0) * taps32[width - 1 - s]
-    d_kernel = dw_part.sum((0, 1)).transpose(1, 0, 2).reshape(width, channels)
-    return dx.astype(x.dtype), d_kernel.astype(kernel.dtype)
+    return dx

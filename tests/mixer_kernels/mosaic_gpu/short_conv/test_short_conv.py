@@ -1,7 +1,11 @@
 """short_conv(implementation="pallas") in GPU interpret mode against "xla": the same output,
-and the gradients of x and the taps from the kernel backward, with and without documents,
-with and without L2-normalised heads, at awkward lengths and in bf16; the kernel lowers for
-Hopper on a machine without one."""
+and the gradients of x and the taps from the kernel backward, with dx formed in the kernel
+(`common.DX_IN_KERNEL`, the default) and by XLA from d total (the earlier design), with and
+without documents, with and without L2-normalised heads, at awkward lengths and in bf16; which
+design runs; the kernels lower for Hopper on a machine without one."""
+
+import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -11,6 +15,7 @@ import pytest
 from gdn_jax.ops.short_conv import REGISTRY, short_conv
 from mixer_core import interpret
 from mixer_core.registry import UnsupportedImplementationError
+from mixer_kernels.mosaic_gpu.short_conv import common
 from mixer_kernels.mosaic_gpu.short_conv.backward_kernel import PAD, conv_backward
 from gdn_jax.ops.short_conv import short_conv_pallas
 from tests.seeds import case_seed
@@ -36,37 +41,76 @@ def _loss_and_grads(implementation, x, kernel, segment_ids, normalize_heads, cot
     return y, grads
 
 
-@pytest.mark.parametrize("case, length, normalize_heads, documents, dtype", [
-    (0, 70, 2, True, jnp.float32),      # T not a multiple of the block, documents, heads
-    (1, 64, None, False, jnp.float32),  # groups of 64 channels, no documents
-    (2, 1, 2, False, jnp.float32),      # T = 1: only the last tap sees data
-    (3, 3, None, True, jnp.float32),    # T shorter than the taps
-    (4, 130, 2, True, jnp.bfloat16),    # bf16, several blocks
-])
-def test_kernel_backward_matches_xla(case, length, normalize_heads, documents, dtype):
+CASES = {   # case: (length, normalize_heads, documents, dtype)
+    0: (70, 2, True, jnp.float32),      # T not a multiple of the block, documents, heads
+    1: (64, None, False, jnp.float32),  # groups of 64 channels, no documents
+    2: (1, 2, False, jnp.float32),      # T = 1: only the last tap sees data
+    3: (3, None, True, jnp.float32),    # T shorter than the taps
+    4: (130, 2, True, jnp.bfloat16),    # bf16, several blocks
+    5: (65, None, True, jnp.float32),   # the last block's one row: its shifted tiles lie past T
+    6: (200, None, True, jnp.bfloat16), # blocks away from both ends (unclipped copies)
+}
+
+
+@functools.cache
+def _case(case):
+    """Inputs, cotangent and the "xla" output and gradients of one case (shared by both
+    designs), plus "xla"'s gradients on float32 x for bf16."""
+    length, normalize_heads, documents, dtype = CASES[case]
     x, kernel, segment_ids = _inputs(case_seed(case), 2, length, 128, 4, dtype, documents)
     cotangent = jnp.asarray(np.random.default_rng(case_seed(case) + 1).standard_normal(
         (2, length, 128)), jnp.float32)
-    y_xla, (dx_xla, dk_xla) = _loss_and_grads("xla", x, kernel, segment_ids, normalize_heads,
-                                              cotangent)
+    reference = _loss_and_grads("xla", x, kernel, segment_ids, normalize_heads, cotangent)
+    exact = None
+    if dtype != jnp.float32:
+        exact = _loss_and_grads("xla", x.astype(jnp.float32), kernel, segment_ids,
+                                normalize_heads, cotangent)[1]
+    return (x, kernel, segment_ids, normalize_heads, cotangent), reference, exact
+
+
+@pytest.mark.parametrize("dx_in_kernel", [True, False], ids=["dx_kernel", "dx_xla"])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_kernel_backward_matches_xla(case, dx_in_kernel, monkeypatch):
+    monkeypatch.setattr(common, "DX_IN_KERNEL", dx_in_kernel)
+    args, (y_xla, (dx_xla, dk_xla)), exact = _case(case)
     with interpret.gpu_interpret():
-        y, (dx, dk) = _loss_and_grads("pallas", x, kernel, segment_ids, normalize_heads,
-                                      cotangent)
+        y, (dx, dk) = _loss_and_grads("pallas", *args)
     assert not interpret.races_found()
     np.testing.assert_array_equal(np.asarray(y, np.float32), np.asarray(y_xla, np.float32))
     error = lambda a, b: float(jnp.max(jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32))))
     scale = lambda a: float(jnp.max(jnp.abs(a.astype(jnp.float32)))) + 1e-6
-    if dtype == jnp.float32:      # the same sums in another order
+    if exact is None:      # float32: the same sums in another order
         assert error(dx, dx_xla) <= 2e-5 * scale(dx_xla)
         assert error(dk, dk_xla) <= 2e-5 * scale(dk_xla)
         return
     # bf16: "xla" rounds the cotangent to bf16 between the norm and silu, the kernel keeps
     # float32 throughout; both against float32 on the same rounded x
-    _, (dx_f32, dk_f32) = _loss_and_grads("xla", x.astype(jnp.float32), kernel, segment_ids,
-                                          normalize_heads, cotangent)
-    for ours, theirs, exact in ((dx, dx_xla, dx_f32), (dk, dk_xla, dk_f32)):
-        assert error(ours, exact) <= 1e-2 * scale(exact)
-        assert error(ours, exact) <= 1.5 * error(theirs, exact) + 1e-6 * scale(exact)
+    dx_f32, dk_f32 = exact
+    for ours, theirs, truth in ((dx, dx_xla, dx_f32), (dk, dk_xla, dk_f32)):
+        assert error(ours, truth) <= 1e-2 * scale(truth)
+        assert error(ours, truth) <= 1.5 * error(theirs, truth) + 1e-6 * scale(truth)
+
+
+def _backward_kernels(x, kernel, normalize_heads):
+    """The names of the Mosaic GPU kernels in short_conv_pallas's backward (traced only)."""
+    def grads(x, kernel):
+        def loss(x, kernel):
+            return jnp.sum(short_conv_pallas(x, kernel, None, dtype=x.dtype,
+                                             normalize_heads=normalize_heads).astype(jnp.float32))
+        return jax.grad(loss, argnums=(0, 1))(x, kernel)
+    return set(re.findall(r"short_conv_backward\w*", str(jax.make_jaxpr(grads)(x, kernel))))
+
+
+def test_the_switch_picks_the_design_and_falls_back_where_dx_does_not_fit(monkeypatch):
+    x = jnp.zeros((1, 100, 256), jnp.bfloat16)
+    assert common.DX_IN_KERNEL
+    assert _backward_kernels(x, jnp.zeros((4, 256), jnp.float32), 2) == {"short_conv_backward_dx"}
+    # 9 taps of heads of 128 channels: 2 W - 1 + W tiles of x and dy exceed shared memory
+    assert not common.dx_kernel_fits(9, 128, 2)
+    assert _backward_kernels(x, jnp.zeros((9, 256), jnp.float32), 2) == {"short_conv_backward"}
+    monkeypatch.setattr(common, "DX_IN_KERNEL", False)
+    assert _backward_kernels(x, jnp.zeros((4, 256), jnp.float32), 2) == {"short_conv_backward"}
+
 
 def test_taps_before_each_document_read_zero():
     """dtotal at a document's first rows ignores the previous document's rows: the kernel's
@@ -95,11 +139,14 @@ def test_pallas_needs_hopper_or_the_interpreter():
                            channels=96, normalize_heads=None, kernel_size=4)[0] == "xla"
 
 
-@pytest.mark.parametrize("normalize_heads, channels", [(2, 128), (None, 192), (3, 384)])
-def test_kernel_lowers_for_hopper(normalize_heads, channels):
-    x = jnp.zeros((2, 100, channels), jnp.bfloat16)
+@pytest.mark.parametrize("dx_in_kernel", [True, False], ids=["dx_kernel", "dx_xla"])
+@pytest.mark.parametrize("normalize_heads, channels, length", [
+    (2, 128, 100), (None, 192, 100), (3, 384, 100), (2, 128, 1), (None, 64, 256)])
+def test_kernel_lowers_for_hopper(normalize_heads, channels, length, dx_in_kernel, monkeypatch):
+    monkeypatch.setattr(common, "DX_IN_KERNEL", dx_in_kernel)
+    x = jnp.zeros((2, length, channels), jnp.bfloat16)
     kernel = jnp.zeros((4, channels), jnp.float32)
-    segment_ids = jnp.zeros((2, 100), jnp.int32)
+    segment_ids = jnp.zeros((2, length), jnp.int32)
 
     def grads(x, kernel):
         def loss(x, kernel):
