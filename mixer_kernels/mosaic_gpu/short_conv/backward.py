@@ -4,10 +4,10 @@ over batch and blocks, with
 
     dx_u = sum_{s < W} kernel[W-1-s] m_s(u + s) dtotal_{u+s}      m_s(t) = [doc(t-s) == doc(t)]
 
-formed by the kernel itself (`common.DX_IN_KERNEL`, read when the backward is traced, where
-`common.dx_kernel_fits`: `backward_kernel.conv_backward_dx`, on x and dy as they are) or by
-one XLA pass over d total from the kernel (`backward_kernel.conv_backward`, on x padded in
-front by PAD rows: the earlier design, for an A/B).
+formed by one XLA pass over d total from the kernel (`backward_kernel.conv_backward`, on x
+padded in front by PAD rows; the default) or, with `common.DX_IN_KERNEL` (read when the
+backward is traced) where `common.dx_kernel_fits`, by the kernel itself
+(`backward_kernel.conv_backward_dx`, on x and dy as they are; slower on an H200).
 
 Heads of the kernel: the L2-normalised heads (normalize_heads) or groups of GROUP channels.
 Each kernel runs behind one `jax.jit` per configuration (`_kernel_program`), so the layers'

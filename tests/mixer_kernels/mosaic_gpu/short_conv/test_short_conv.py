@@ -1,6 +1,6 @@
 """short_conv(implementation="pallas") in GPU interpret mode against "xla": the same output,
-and the gradients of x and the taps from the kernel backward, with dx formed in the kernel
-(`common.DX_IN_KERNEL`, the default) and by XLA from d total (the earlier design), with and
+and the gradients of x and the taps from the kernel backward, with dx formed by XLA from d
+total (the default) and in the kernel (`common.DX_IN_KERNEL`), with and
 without documents, with and without L2-normalised heads, at awkward lengths and in bf16; which
 design runs; the kernels lower for Hopper on a machine without one."""
 
@@ -103,7 +103,9 @@ def _backward_kernels(x, kernel, normalize_heads):
 
 def test_the_switch_picks_the_design_and_falls_back_where_dx_does_not_fit(monkeypatch):
     x = jnp.zeros((1, 100, 256), jnp.bfloat16)
-    assert common.DX_IN_KERNEL
+    assert not common.DX_IN_KERNEL
+    assert _backward_kernels(x, jnp.zeros((4, 256), jnp.float32), 2) == {"short_conv_backward"}
+    monkeypatch.setattr(common, "DX_IN_KERNEL", True)
     assert _backward_kernels(x, jnp.zeros((4, 256), jnp.float32), 2) == {"short_conv_backward_dx"}
     # 9 taps of heads of 128 channels: 2 W - 1 + W tiles of x and dy exceed shared memory
     assert not common.dx_kernel_fits(9, 128, 2)
