@@ -15,6 +15,8 @@ from mixer_kernels.mosaic_gpu.attention.backward import attention_backward
 from tests.mixer_kernels.mosaic_gpu.attention.schedule_cases import backward_case
 from tests.seeds import case_seed
 
+pytestmark = pytest.mark.slow   # a non-default schedule: the full suite runs it
+
 
 def _grads(args, bias, segment_ids, one_sweep, monkeypatch):
     monkeypatch.setattr(backward, "ONE_SWEEP", {mode: one_sweep for mode in backward.ONE_SWEEP})

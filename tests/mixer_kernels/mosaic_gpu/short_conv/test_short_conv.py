@@ -68,7 +68,12 @@ def _case(case):
     return (x, kernel, segment_ids, normalize_heads, cotangent), reference, exact
 
 
-@pytest.mark.parametrize("dx_in_kernel", [True, False], ids=["dx_kernel", "dx_xla"])
+# dx in the kernel is the non-default design: its cases run in the full suite only
+DESIGNS = [pytest.param(True, id="dx_kernel", marks=pytest.mark.slow),
+           pytest.param(False, id="dx_xla")]
+
+
+@pytest.mark.parametrize("dx_in_kernel", DESIGNS)
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_kernel_backward_matches_xla(case, dx_in_kernel, monkeypatch):
     monkeypatch.setattr(common, "DX_IN_KERNEL", dx_in_kernel)
@@ -141,7 +146,7 @@ def test_pallas_needs_hopper_or_the_interpreter():
                            channels=96, normalize_heads=None, kernel_size=4)[0] == "xla"
 
 
-@pytest.mark.parametrize("dx_in_kernel", [True, False], ids=["dx_kernel", "dx_xla"])
+@pytest.mark.parametrize("dx_in_kernel", DESIGNS)
 @pytest.mark.parametrize("normalize_heads, channels, length", [
     (2, 128, 100), (None, 192, 100), (3, 384, 100), (2, 128, 1), (None, 64, 256)])
 def test_kernel_lowers_for_hopper(normalize_heads, channels, length, dx_in_kernel, monkeypatch):
