@@ -93,6 +93,28 @@ def padded_chunks(num_chunks):
     return -(-num_chunks // 4) * 4
 
 
+def _chunk_stream(refs, smems, loaded, b, head, columns):
+    """fetch(c, slot): the TMA of chunk c's Kw, W and value-tile operand (U forward, G
+    backward; refs and smems in that order) into `slot`, arriving on loaded[slot]."""
+    kw_ref, w_ref, tile_ref = refs
+    kw_smem, w_smem, tile_smem = smems
+
+    def fetch(c, slot):
+        plgpu.copy_gmem_to_smem(kw_ref.at[c, b, head], kw_smem.at[slot], loaded.at[slot])
+        plgpu.copy_gmem_to_smem(w_ref.at[c, b, head], w_smem.at[slot], loaded.at[slot])
+        plgpu.copy_gmem_to_smem(tile_ref.at[c, b, head, :, columns], tile_smem.at[slot],
+                                loaded.at[slot])
+
+    return fetch
+
+
+def _load_head(rho_ref, rho_smem, state_ref, state_smem, arrived, b, head, columns):
+    """Starts the TMA of the head's rho row and its starting state tile (S_0 forward, d S_final
+    backward), both arriving on `arrived`."""
+    plgpu.copy_gmem_to_smem(rho_ref.at[b, head], rho_smem, arrived)
+    plgpu.copy_gmem_to_smem(state_ref.at[b, head, :, columns], state_smem, arrived)
+
+
 def forward_states(kw, w, u, rho, s0, *, tiling: Tiling, interpret=None):
     """Entering states of all chunks and the final state; see the module docstring."""
     num_chunks, batch, num_v_heads, chunk, key_dim = w.shape
@@ -105,14 +127,9 @@ def forward_states(kw, w, u, rho, s0, *, tiling: Tiling, interpret=None):
         vtile, head, b = (lax.axis_index(n) for n in ("vt", "hv", "b"))
         columns = pl.ds(vtile * vt, vt)
 
-        def fetch(c, slot):
-            plgpu.copy_gmem_to_smem(kw_ref.at[c, b, head], kw_smem.at[slot], loaded.at[slot])
-            plgpu.copy_gmem_to_smem(w_ref.at[c, b, head], w_smem.at[slot], loaded.at[slot])
-            plgpu.copy_gmem_to_smem(u_ref.at[c, b, head, :, columns], u_smem.at[slot],
-                                    loaded.at[slot])
-
-        plgpu.copy_gmem_to_smem(rho_ref.at[b, head], rho_smem, rho_loaded.at[0])
-        plgpu.copy_gmem_to_smem(s0_ref.at[b, head, :, columns], state_smem, rho_loaded.at[0])
+        fetch = _chunk_stream((kw_ref, w_ref, u_ref), (kw_smem, w_smem, u_smem), loaded, b,
+                              head, columns)
+        _load_head(rho_ref, rho_smem, s0_ref, state_smem, rho_loaded.at[0], b, head, columns)
         fetch(0, 0)
         plgpu.barrier_wait(rho_loaded.at[0])
         state = state_smem[...]
@@ -178,14 +195,9 @@ def backward_states(kw, w, d_states, rho, d_final, *, tiling: Tiling, interpret=
         vtile, head, b = (lax.axis_index(n) for n in ("vt", "hv", "b"))
         columns = pl.ds(vtile * vt, vt)
 
-        def fetch(c, slot):
-            plgpu.copy_gmem_to_smem(kw_ref.at[c, b, head], kw_smem.at[slot], loaded.at[slot])
-            plgpu.copy_gmem_to_smem(w_ref.at[c, b, head], w_smem.at[slot], loaded.at[slot])
-            plgpu.copy_gmem_to_smem(g_ref.at[c, b, head, :, columns], g_smem.at[slot],
-                                    loaded.at[slot])
-
-        plgpu.copy_gmem_to_smem(rho_ref.at[b, head], rho_smem, rho_loaded.at[0])
-        plgpu.copy_gmem_to_smem(dfinal_ref.at[b, head, :, columns], lam_smem, rho_loaded.at[0])
+        fetch = _chunk_stream((kw_ref, w_ref, g_ref), (kw_smem, w_smem, g_smem), loaded, b,
+                              head, columns)
+        _load_head(rho_ref, rho_smem, dfinal_ref, lam_smem, rho_loaded.at[0], b, head, columns)
         fetch(num_chunks - 1, 0)
         plgpu.barrier_wait(rho_loaded.at[0])
         lam = lam_smem[...]
