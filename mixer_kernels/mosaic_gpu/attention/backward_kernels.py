@@ -35,7 +35,9 @@ six levels' work out of the two sweeps (it cost them registers and spills on eve
 Two sweep kernels, no atomics: `dkv` runs one program per key block j over query blocks i >= j
 (dk, dv, column sums, and the per-tile gap totals), `dq` one per query block i over key blocks
 j <= i (dq, row sums). Each recomputes the tile; the next query/key block's tiles are prefetched
-by TMA into a second buffer while the current one is computed. Matmul operands that the
+by TMA into a second buffer while the current one is computed. With cfg.one_sweep `dkv` also
+forms each tile's dq and row sums and adds them into float32 accumulators by TMA reductions
+(no `dq` kernel; slower on an H200, so off: backward.ONE_SWEEP). Matmul operands that the
 kernel computes (P, dS) feed wgmma from registers (lhs_in_registers, the compiled default: no
 shared-memory staging, 16 KB less shared memory per dk/dv program and 8 KB per dq program) or
 through shared memory (the GPU interpreter of the tests supports wgmma only from there).
