@@ -2,6 +2,7 @@
 
     python benchmarks/compile_profile.py fpa_125m softmax_rope_125m [--context 2048]
         [--batch-size 8] [--layers N] [--cprofile fpa_125m] [--out DIR]
+        [--field-passes by_level|all_levels]
 
 For each preset (random tokens, as `python -m train bench`): seconds spent tracing the jitted
 train step to a jaxpr, lowering it to StableHLO (Pallas / Mosaic GPU kernels are lowered to
@@ -87,7 +88,13 @@ def main():
     parser.add_argument("--layers", type=int, default=0, help="override model.num_layers")
     parser.add_argument("--cprofile", default="", help="preset to run under cProfile")
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
+    parser.add_argument("--field-passes", choices=("by_level", "all_levels"), default=None,
+                        help="FPA: how the XLA field passes are formed (mixer_kernels/mosaic_gpu/"
+                             "attention/fields.py FIELD_PASSES; unset: the library's)")
     args = parser.parse_args()
+    if args.field_passes is not None:
+        from mixer_kernels.mosaic_gpu.attention import fields
+        fields.FIELD_PASSES = args.field_passes
     results = []
     for name in args.presets:
         out = (os.path.join(args.out, f"compile_cprofile_{name}.txt")

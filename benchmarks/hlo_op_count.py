@@ -1,6 +1,7 @@
 """How many StableHLO ops the attention ops' XLA glue adds, by source line (no GPU needed).
 
     python benchmarks/hlo_op_count.py [--op fpa|fox|softmax] [--shape 8,2048,12,64] [--top 25]
+        [--field-passes by_level|all_levels]
 
 Lowers the op's forward and backward programs (mixer_kernels/mosaic_gpu/attention/vjp.py, the ones a
 model's layers share) for CUDA on this machine, and counts the StableHLO ops of each by the
@@ -79,7 +80,13 @@ def main():
     parser.add_argument("--op", default="fpa", choices=("fpa", "fox", "softmax"))
     parser.add_argument("--shape", default="8,2048,12,64", help="B,T,H,D")
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--field-passes", choices=("by_level", "all_levels"), default=None,
+                        help="FPA: how the XLA field passes are formed (mixer_kernels/mosaic_gpu/"
+                             "attention/fields.py FIELD_PASSES; unset: the library's)")
     args = parser.parse_args()
+    if args.field_passes is not None:
+        from mixer_kernels.mosaic_gpu.attention import fields
+        fields.FIELD_PASSES = args.field_passes
     shape = tuple(int(n) for n in args.shape.split(","))
     for name, (fn, abstract) in programs(args.op, shape).items():
         counts, total = ops_by_line(fn, abstract)

@@ -3,6 +3,7 @@
     python benchmarks/op_trace.py fpa --shape 4,4096,12,64 --fields walk [--out DIR]
     python benchmarks/op_trace.py gdn --shape 4,4096,16,128 [--intra-backward pallas]
     python benchmarks/op_trace.py fpa|fox|softmax ... [--overlap none|dq|dkv|both] [--one-sweep on|off]
+    python benchmarks/op_trace.py fpa ... [--field-passes by_level|all_levels]
     python benchmarks/op_trace.py fpa --shape 4,4096,12,64 1,16384,12,64 --fields walk,flat,fox
 
 op: fpa | fox | softmax (the "pallas" kernels) or gdn (gated_delta_rule, "pallas"); bf16 inputs,
@@ -126,8 +127,12 @@ def _knobs(op):
     from mixer_kernels.mosaic_gpu.attention import backward
     mode = {"fpa": "fpa", "fox": "separable", "softmax": "none"}[op]
     overlap_dq, overlap_dkv = backward.OVERLAP[mode]
-    return {"overlap_dq": overlap_dq, "overlap_dkv": overlap_dkv,
-            "one_sweep": backward.ONE_SWEEP[mode]}
+    knobs = {"overlap_dq": overlap_dq, "overlap_dkv": overlap_dkv,
+             "one_sweep": backward.ONE_SWEEP[mode]}
+    if op == "fpa":
+        from mixer_kernels.mosaic_gpu.attention import fields
+        knobs["field_passes"] = fields.FIELD_PASSES
+    return knobs
 
 
 def main():
@@ -149,7 +154,13 @@ def main():
                         help="attention: dq and the row sums formed in the dk/dv sweep (TMA "
                              "reductions), for every bias mode (unset: the library's per-mode "
                              "backward.py ONE_SWEEP)")
+    parser.add_argument("--field-passes", choices=("by_level", "all_levels"), default=None,
+                        help="FPA: how the XLA field passes are formed (mixer_kernels/mosaic_gpu/"
+                             "attention/fields.py FIELD_PASSES; unset: the library's)")
     args = parser.parse_args()
+    if args.field_passes is not None:
+        from mixer_kernels.mosaic_gpu.attention import fields
+        fields.FIELD_PASSES = args.field_passes
     if args.one_sweep is not None:
         from mixer_kernels.mosaic_gpu.attention import backward
         backward.ONE_SWEEP = {mode: args.one_sweep == "on" for mode in backward.ONE_SWEEP}

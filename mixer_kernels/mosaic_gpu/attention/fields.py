@@ -25,13 +25,27 @@ share (spread over the prefix of t), plus one scalar per off-diagonal tile for t
 
 with b the block of u and m_b its minimum. Shapes: phi [..., Tp]; level arrays [..., Lv, Tp]
 with Lv = log2(n) + 1 (the last level is the block); gap_total [..., nb(i), nb(j)].
+
+FIELD_PASSES (read when traced) picks how the statistics and spreads are formed:
+  "by_level"    level by level (the default): the statistics by joining the halves of the
+                level below, each level's spread over its own groups; O(T) work per level and
+                statistic, 2 Lv exponentials per position for the spreads, but a few hundred XLA
+                ops per call (2018 StableHLO ops per layer with the kernels' other glue,
+                benchmarks/hlo_op_count.py), which a model's compile pays for per layer
+  "all_levels"  every level at once: per block, a [Lv, n, n] mask of the (level, position,
+                position) triples that share a group meets the block's positions, and one fused
+                masked reduction forms each statistic and each side's spread: 850 StableHLO ops
+                per layer, but Lv n exponentials per position and side (448 at n = 64)
 """
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from mixer_kernels.mosaic_gpu.attention.common import BIG
 from mixer_kernels.mosaic_gpu.attention.common import decay as _decay
+
+FIELD_PASSES = "by_level"
 
 
 def num_levels(block):
@@ -39,7 +53,16 @@ def num_levels(block):
 
 
 def level_stats(phi, block, tau):
-    """(pre_min, pre_mass, suf_min, suf_mass), each [..., Lv, Tp], built level by level: a
+    """(pre_min, pre_mass, suf_min, suf_mass), each [..., Lv, Tp] (FIELD_PASSES)."""
+    if FIELD_PASSES == "all_levels":
+        return _level_stats_at_once(phi, block, tau)
+    if FIELD_PASSES != "by_level":
+        raise ValueError(f"FIELD_PASSES: expected 'by_level' or 'all_levels', got {FIELD_PASSES!r}")
+    return _level_stats_by_level(phi, block, tau)
+
+
+def _level_stats_by_level(phi, block, tau):
+    """level_stats built level by level: a
     group of 2^(L+1) is two groups of 2^L, so a prefix in its second half takes in the first
     half's total (the prefix at its last position) and a suffix in its first half the second
     half's total, each mass rescaled to the new minimum (every exponent <= 0). O(Tp) per
@@ -65,6 +88,47 @@ def level_stats(phi, block, tau):
         suf_mass = jnp.stack([first_suf, sw[..., 1, :]], axis=-2).reshape(shape)
         stats.append((pre_min, pre_mass, suf_min, suf_mass))
     return tuple(jnp.stack(parts, axis=-2) for parts in zip(*stats))
+
+
+def group_masks(block):
+    """(prefix, suffix): [Lv, n, n] boolean constants over a block's positions. prefix[L, t, u]:
+    start(t) <= u <= t in t's group of 2^L; suffix[L, s, u]: s < u <= end(s) in s's group."""
+    index = np.arange(block)
+    shifts = np.arange(num_levels(block))[:, None, None]
+    same = (index[None, :, None] >> shifts) == (index[None, None, :] >> shifts)
+    return (same & (index[None, None, :] <= index[None, :, None]),
+            same & (index[None, None, :] > index[None, :, None]))
+
+
+def _by_block(x, block):
+    """[..., Tp] -> [..., nb, 1, 1, n]: a block's positions u on the last axis, ready to meet
+    a [Lv, n, n] mask."""
+    return x.reshape(x.shape[:-1] + (x.shape[-1] // block, 1, 1, block))
+
+
+def _levels_first(x):
+    """[..., nb, Lv, n] -> [..., Lv, Tp]."""
+    return jnp.moveaxis(x, -2, -3).reshape(x.shape[:-3] + (x.shape[-2], -1))
+
+
+def _levels_by_block(x, block):
+    """[..., Lv, Tp] -> [..., nb, Lv, n, 1]: per block, one row per level and position."""
+    blocks = x.reshape(x.shape[:-1] + (x.shape[-1] // block, block))
+    return jnp.moveaxis(blocks, -2, -3)[..., None]
+
+
+def _level_stats_at_once(phi, block, tau):
+    """level_stats with every level at once, as a
+    masked minimum and a masked sum over a block's n positions per (level, position) (one
+    fused reduction per statistic, every exponent <= 0: each mass is relative to its own
+    minimum)."""
+    prefix, suffix = group_masks(block)
+    x = _by_block(phi, block)                                    # [..., nb, 1, 1, n(u)]
+    pre_min = jnp.min(jnp.where(prefix, x, BIG), axis=-1)        # [..., nb, Lv, n]
+    pre_mass = jnp.sum(jnp.where(prefix, _decay(x - pre_min[..., None], tau), 0.0), axis=-1)
+    suf_min = jnp.min(jnp.where(suffix, x, BIG), axis=-1)
+    suf_mass = jnp.sum(jnp.where(suffix, _decay(x - suf_min[..., None], tau), 0.0), axis=-1)
+    return tuple(_levels_first(a) for a in (pre_min, pre_mass, suf_min, suf_mass))
 
 
 def at_block_ends(x, block):
@@ -103,6 +167,19 @@ def spread_prefix(share, pre_min, phi, group, tau):
     return (cut(share)[..., :, None] * weight).sum(-2).reshape(shape)
 
 
+def spread_levels(share, minima, phi, block, tau, side):
+    """Every level's shares spread over their pieces, summed: [..., Tp] from share and minima
+    [..., Lv, Tp]. side "suffix": sum_{L, s < u in the group of u} share[L, s]
+    exp(-(phi_u - minima[L, s])/tau); side "prefix": the same over t >= u. One fused
+    reduction over (level, position) per block."""
+    prefix, suffix = group_masks(block)
+    mask = suffix if side == "suffix" else prefix                       # [L, s or t, u]
+    x = _by_block(phi, block)                                           # [..., nb, 1, 1, n(u)]
+    weight = jnp.where(mask, _decay(x - _levels_by_block(minima, block), tau), 0.0)
+    total = jnp.sum(_levels_by_block(share, block) * weight, axis=(-3, -2))  # [..., nb, n]
+    return total.reshape(phi.shape)
+
+
 def spread_gap(gap_total, block_min, phi, block, tau):
     """Gap part of dphi from per-tile totals gap_total [..., nb(i), nb(j)]: [..., Tp].
 
@@ -132,13 +209,17 @@ def spread_gap(gap_total, block_min, phi, block, tau):
 
 def field_gradient(col_share, row_share, gap_total, phi, block, tau, pre_min, suf_min):
     """dphi [..., Tp] from the kernels' shares: col/row_share [..., Lv, Tp]; pre_min, suf_min
-    [..., Lv, Tp] level_stats' minima."""
-    dphi = jnp.zeros_like(phi)
-    for level in range(num_levels(block)):
-        group = 1 << level
-        dphi = dphi + spread_suffix(col_share[..., level, :], suf_min[..., level, :], phi,
-                                    group, tau)
-        dphi = dphi + spread_prefix(row_share[..., level, :], pre_min[..., level, :], phi,
-                                    group, tau)
+    [..., Lv, Tp] level_stats' minima (FIELD_PASSES)."""
+    if FIELD_PASSES == "all_levels":
+        dphi = (spread_levels(col_share, suf_min, phi, block, tau, "suffix")
+                + spread_levels(row_share, pre_min, phi, block, tau, "prefix"))
+    else:
+        dphi = jnp.zeros_like(phi)
+        for level in range(num_levels(block)):
+            group = 1 << level
+            dphi = dphi + spread_suffix(col_share[..., level, :], suf_min[..., level, :], phi,
+                                        group, tau)
+            dphi = dphi + spread_prefix(row_share[..., level, :], pre_min[..., level, :], phi,
+                                        group, tau)
     block_min = at_block_ends(pre_min[..., -1, :], block)
     return dphi + spread_gap(gap_total, block_min, phi, block, tau)
