@@ -1,11 +1,14 @@
-"""Inputs of the tests that compare two schedules of the backward kernels (overlapped matmuls,
-one sweep): one head of dim 64 over three blocks (diagonal, off-diagonal and a ragged last
-block), two documents, float32."""
+"""Inputs and runs of the tests that compare two schedules or forms of the backward (overlapped
+matmuls, one sweep, field passes): one head of dim 64 over three blocks (diagonal,
+off-diagonal and a ragged last block), two documents, float32, in the GPU interpreter."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mixer_kernels.mosaic_gpu.attention.backward import FPABias, NoBias, SeparableBias
+from mixer_core import interpret
+from mixer_kernels.mosaic_gpu.attention.backward import (FPABias, NoBias, SeparableBias,
+                                                         attention_backward)
 
 SHAPE = (1, 130, 1, 64)
 
@@ -25,3 +28,15 @@ def backward_case(seed, kind):
             "fox": SeparableBias(walk, walk), "none": NoBias()}[kind]
     segment_ids = jnp.asarray((np.arange(SHAPE[1]) >= 90)[None].astype(np.int32))
     return (q, k, v, out, lse, dout), bias, segment_ids
+
+
+def interpreted_gradients(args, bias, segment_ids, prune=False):
+    """attention_backward's leaves, traced afresh under the current module switches and run in
+    the GPU interpreter; asserts that the race detector found nothing."""
+    interpret.reset()
+    with interpret.gpu_interpret():
+        grads = jax.jit(lambda *a: attention_backward(*a, bias=bias, scale=0.125,
+                                                      segment_ids=segment_ids, prune=prune))(*args)
+        grads = jax.block_until_ready(grads)
+    assert not interpret.races_found()
+    return jax.tree.leaves(grads)

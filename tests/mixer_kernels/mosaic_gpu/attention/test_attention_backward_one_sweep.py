@@ -9,10 +9,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mixer_core import interpret
 from mixer_kernels.mosaic_gpu.attention import backward
 from mixer_kernels.mosaic_gpu.attention.backward import attention_backward
-from tests.mixer_kernels.mosaic_gpu.attention.schedule_cases import backward_case
+from tests.mixer_kernels.mosaic_gpu.attention.schedule_cases import (backward_case,
+                                                                      interpreted_gradients)
 from tests.seeds import case_seed
 
 pytestmark = pytest.mark.slow   # a non-default schedule: the full suite runs it
@@ -20,13 +20,7 @@ pytestmark = pytest.mark.slow   # a non-default schedule: the full suite runs it
 
 def _grads(args, bias, segment_ids, one_sweep, monkeypatch):
     monkeypatch.setattr(backward, "ONE_SWEEP", {mode: one_sweep for mode in backward.ONE_SWEEP})
-    interpret.reset()
-    with interpret.gpu_interpret():
-        grads = jax.jit(lambda *a: attention_backward(*a, bias=bias, scale=0.125,
-                                                      segment_ids=segment_ids, prune=True))(*args)
-        grads = jax.block_until_ready(grads)
-    assert not interpret.races_found()
-    return jax.tree.leaves(grads)
+    return interpreted_gradients(args, bias, segment_ids, prune=True)
 
 
 @pytest.mark.parametrize("case, kind", [(0, "fpa"), (1, "fpa_query"), (2, "fpa_no_content"),

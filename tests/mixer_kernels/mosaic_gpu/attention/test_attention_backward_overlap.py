@@ -8,22 +8,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mixer_core import interpret
 from mixer_kernels.mosaic_gpu.attention import backward
 from mixer_kernels.mosaic_gpu.attention.backward import attention_backward
-from tests.mixer_kernels.mosaic_gpu.attention.schedule_cases import backward_case
+from tests.mixer_kernels.mosaic_gpu.attention.schedule_cases import (backward_case,
+                                                                      interpreted_gradients)
 from tests.seeds import case_seed
 
 
 def _grads(args, bias, segment_ids, overlap, monkeypatch):
     monkeypatch.setattr(backward, "OVERLAP", {mode: (overlap, overlap) for mode in backward.OVERLAP})
-    interpret.reset()
-    with interpret.gpu_interpret():
-        grads = jax.jit(lambda *a: attention_backward(*a, bias=bias, scale=0.125,
-                                                      segment_ids=segment_ids))(*args)
-        grads = jax.block_until_ready(grads)
-    assert not interpret.races_found()
-    return jax.tree.leaves(grads)
+    return interpreted_gradients(args, bias, segment_ids)
 
 
 @pytest.mark.parametrize("case, kind", [(0, "fpa"), (1, "fox"), (2, "none")])

@@ -108,18 +108,13 @@ def test_spreads_match_their_definition(side, passes, monkeypatch):
 def test_backward_gradients_agree_under_both_field_passes(monkeypatch):
     """FPA's compiled-path backward (GPU interpreter) gives the same gradients whichever form
     forms its field statistics and spreads (up to float32 summation order)."""
-    from mixer_core import interpret
-    from mixer_kernels.mosaic_gpu.attention.backward import attention_backward
-    from tests.mixer_kernels.mosaic_gpu.attention.schedule_cases import backward_case
+    from tests.mixer_kernels.mosaic_gpu.attention.schedule_cases import (backward_case,
+                                                                          interpreted_gradients)
     args, bias, segment_ids = backward_case(case_seed(7), "fpa")
     grads = {}
     for passes in PASSES:
         monkeypatch.setattr(fields, "FIELD_PASSES", passes)
-        interpret.reset()
-        with interpret.gpu_interpret():
-            grads[passes] = jax.tree.leaves(jax.block_until_ready(jax.jit(
-                lambda *a: attention_backward(*a, bias=bias, scale=0.125,
-                                              segment_ids=segment_ids, prune=True))(*args)))
+        grads[passes] = interpreted_gradients(args, bias, segment_ids, prune=True)
     for a, b in zip(*grads.values()):
         a, b = np.asarray(a), np.asarray(b)
         np.testing.assert_allclose(b, a, rtol=0, atol=1e-5 * max(float(np.abs(a).max()), 1e-6))
