@@ -12,9 +12,12 @@ interpreting again in the same process.
 
 The interpreter does not implement TMA reductions (`plgpu.copy_smem_to_gmem(...,
 reduction_op="add")`); `gpu_interpret()` adds "add" as a read-add-write of the destination.
-It runs the grid's programs one after another, so that equals the hardware's atomic
-reduction up to the order of the float32 additions; the race detector skips the reduced
-destination (concurrent reductions are not a race) and still checks the shared-memory source.
+It runs the grid's programs one after another, so for kernels of one warpgroup per block and
+clusters of one (every kernel here) that equals the hardware's atomic reduction up to the
+order of the float32 additions; concurrent warpgroups of one block reducing into the same
+place could lose updates. The race detector skips the reduced destination (concurrent
+reductions are not a race) and still checks the shared-memory source. A reduction that
+reaches out of bounds raises (the hardware would drop the out-of-bounds part).
 """
 
 import contextlib
@@ -41,7 +44,7 @@ def _add_tma_reduction() -> None:
     from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks as callbacks
     if getattr(callbacks.copy_smem_to_gmem, "reduces", False):
         return
-    copy = callbacks.copy_smem_to_gmem
+    copy = getattr(callbacks.copy_smem_to_gmem, "__wrapped__", callbacks.copy_smem_to_gmem)
 
     class AddTask(callbacks.AsyncCopySmemToGmemTask):
         def __call__(self, tma_thread_id):

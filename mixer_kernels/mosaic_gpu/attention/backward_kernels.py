@@ -32,7 +32,7 @@ shares. The gap's minimum and soft-min mass are scalars carried along the sweep.
 tiles' per-level shares come from a third kernel (backward_diagonal_kernel.py), which keeps their
 six levels' work out of the two sweeps (it cost them registers and spills on every tile).
 
-Two sweep kernels, no atomics: `dkv` runs one program per key block j over query blocks i >= j
+By default two sweep kernels, no atomics: `dkv` runs one program per key block j over query blocks i >= j
 (dk, dv, column sums, and the per-tile gap totals), `dq` one per query block i over key blocks
 j <= i (dq, row sums). Each recomputes the tile; the next query/key block's tiles are prefetched
 by TMA into a second buffer while the current one is computed. With cfg.one_sweep `dkv` also
@@ -147,7 +147,7 @@ class KernelConfig:
         return []
 
     def row_out_names(self):
-        """Rows of dq's per-query-block output."""
+        """Rows of the per-query-block row sums (dq's output; with one_sweep, dkv's rowo_acc)."""
         if self.mode == "separable":
             return ["drow"]
         if self.mode == "fpa":
@@ -439,10 +439,10 @@ class _Tile:
         have dS = 0); the callers apply beta to the sums."""
         return jnp.where(gap < 0.0, ds, 0.0), gap * ds
 
-    def exact_shares(self, coef, gap_min, gap_mass):
+    def exact_shares(self, coef, gap_min, gap_mass, keys=True, queries=True):
         """Per-pair soft-min shares of an off-diagonal tile, summed at once: (key side summed
-        over queries, gap summed over queries, query side summed over keys); a caller uses
-        the sums of its sides.
+        over queries, gap summed over queries, query side summed over keys), None for a side
+        not asked for (keys, queries: a sum across warps is not dropped as dead code).
 
         A piece's share of a pair is coef / mass times the piece's own weight
         exp(-(piece min - R)/tau), mass = sum over the pieces of mass_piece exp(-(min - R)/tau).
@@ -455,8 +455,9 @@ class _Tile:
         mass = (self.col("suf_mass") * to_key + self.row("pre_mass") * to_query
                 + gap_mass * to_gap)
         share = coef * reciprocal(jnp.maximum(mass, 1.0))
-        return (self.sum_over_queries(share * to_key), self.sum_over_queries(share * to_gap),
-                self.sum_over_keys(share * to_query))
+        key_sum = self.sum_over_queries(share * to_key) if keys else None
+        gap_sum = self.sum_over_queries(share * to_gap) if keys else None
+        return key_sum, gap_sum, self.sum_over_keys(share * to_query) if queries else None
 
     def diagonal_shares(self, coef, pair_levels, suf, pre, diag_rows, diag_cols):
         """Per-level soft-min shares of a diagonal tile: ([key side per level], [query side per
@@ -672,7 +673,8 @@ def _field_sums(cfg, tile, p, ds, extra, field, col_acc, row_acc):
     def exact(accs):
         col_acc, row_acc, coef = common(accs)
         if not diagonal:
-            key_sum, gap_sum, query_sum = tile.exact_shares(coef, gap_min, gap_mass)
+            key_sum, gap_sum, query_sum = tile.exact_shares(coef, gap_min, gap_mass, keys,
+                                                            queries)
             if keys:
                 col_acc[col_share] = col_acc[col_share] + beta * key_sum
                 add_gap(beta * jnp.sum(gap_sum))
@@ -769,6 +771,8 @@ def dkv_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta, d
     if cfg.one_sweep and (dq_acc is None or (rowo_acc is None) != (not row_out_names)):
         raise ValueError("dkv_kernel: one_sweep needs dq_acc, and rowo_acc exactly when the "
                          f"mode has row sums ({row_out_names})")
+    if not cfg.one_sweep and (dq_acc is not None or rowo_acc is not None):
+        raise ValueError("dkv_kernel: dq_acc and rowo_acc are for cfg.one_sweep only")
 
     out_types = [jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)]
     if out_names:

@@ -28,14 +28,17 @@ with Lv = log2(n) + 1 (the last level is the block); gap_total [..., nb(i), nb(j
 
 FIELD_PASSES (read when traced) picks how the statistics and spreads are formed:
   "by_level"    level by level (the default): the statistics by joining the halves of the
-                level below, each level's spread over its own groups; O(T) work per level and
-                statistic, 2 Lv exponentials per position for the spreads, but a few hundred XLA
-                ops per call (2018 StableHLO ops per layer with the kernels' other glue,
-                benchmarks/hlo_op_count.py), which a model's compile pays for per layer
+                level below (O(1) work per level, position and statistic), each level's spread
+                over its own groups (2^L exponentials per position at level L: 127 per side at
+                n = 64), but a few hundred XLA ops per call (2018 StableHLO ops per layer with
+                the kernels' other glue, benchmarks/hlo_op_count.py), which a model's compile
+                pays for per layer
   "all_levels"  every level at once: per block, a [Lv, n, n] mask of the (level, position,
                 position) triples that share a group meets the block's positions, and one fused
                 masked reduction forms each statistic and each side's spread: 850 StableHLO ops
-                per layer, but Lv n exponentials per position and side (448 at n = 64)
+                per layer, but Lv n exponentials per position and side (448 at n = 64) for
+                the spreads and for the masses, and [..., nb, Lv, n, n] intermediates if XLA
+                does not fuse them
 """
 
 import jax
@@ -54,11 +57,16 @@ def num_levels(block):
 
 def level_stats(phi, block, tau):
     """(pre_min, pre_mass, suf_min, suf_mass), each [..., Lv, Tp] (FIELD_PASSES)."""
-    if FIELD_PASSES == "all_levels":
+    if _all_levels():
         return _level_stats_at_once(phi, block, tau)
-    if FIELD_PASSES != "by_level":
-        raise ValueError(f"FIELD_PASSES: expected 'by_level' or 'all_levels', got {FIELD_PASSES!r}")
     return _level_stats_by_level(phi, block, tau)
+
+
+def _all_levels():
+    """Whether FIELD_PASSES asks for every level at once (a clear error for other values)."""
+    if FIELD_PASSES not in ("by_level", "all_levels"):
+        raise ValueError(f"FIELD_PASSES: expected 'by_level' or 'all_levels', got {FIELD_PASSES!r}")
+    return FIELD_PASSES == "all_levels"
 
 
 def _level_stats_by_level(phi, block, tau):
@@ -172,6 +180,8 @@ def spread_levels(share, minima, phi, block, tau, side):
     [..., Lv, Tp]. side "suffix": sum_{L, s < u in the group of u} share[L, s]
     exp(-(phi_u - minima[L, s])/tau); side "prefix": the same over t >= u. One fused
     reduction over (level, position) per block."""
+    if side not in ("suffix", "prefix"):
+        raise ValueError(f"side: expected 'suffix' or 'prefix', got {side!r}")
     prefix, suffix = group_masks(block)
     mask = suffix if side == "suffix" else prefix                       # [L, s or t, u]
     x = _by_block(phi, block)                                           # [..., nb, 1, 1, n(u)]
@@ -210,7 +220,7 @@ def spread_gap(gap_total, block_min, phi, block, tau):
 def field_gradient(col_share, row_share, gap_total, phi, block, tau, pre_min, suf_min):
     """dphi [..., Tp] from the kernels' shares: col/row_share [..., Lv, Tp]; pre_min, suf_min
     [..., Lv, Tp] level_stats' minima (FIELD_PASSES)."""
-    if FIELD_PASSES == "all_levels":
+    if _all_levels():
         dphi = (spread_levels(col_share, suf_min, phi, block, tau, "suffix")
                 + spread_levels(row_share, pre_min, phi, block, tau, "prefix"))
     else:
