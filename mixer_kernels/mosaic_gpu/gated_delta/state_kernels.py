@@ -108,6 +108,28 @@ def _chunk_stream(refs, smems, loaded, b, head, columns):
     return fetch
 
 
+def _stream_scratch(chunk, key_dim, tile_rows, vt, rho_len, op_dtype, swizzle):
+    """Shared memory of `_chunk_stream` and `_load_head`: two slots of Kw and W, two of the
+    [tile_rows, vt] float32 value-tile operand, and the rho row."""
+    return (swizzled_smem((2, chunk, key_dim), op_dtype, swizzle),  # Kw
+            swizzled_smem((2, chunk, key_dim), op_dtype, swizzle),  # W
+            swizzled_smem((2, tile_rows, vt), jnp.float32),         # U or G
+            plgpu.SMEM((rho_len,), jnp.float32))                    # rho row
+
+
+def _launch(kernel, name, out_type, scratch, tiling, num_v_heads, batch, interpret, *operands):
+    """One program per (value tile, value head, batch); scratch is followed by the stream's
+    barriers (loaded: two slots of three copies; the head's two loads)."""
+    kernel.__name__ = name  # the kernel's name in profiles
+    barriers = (plgpu.Barrier(num_arrivals=3, num_barriers=2),
+                plgpu.Barrier(num_arrivals=2, num_barriers=1))
+    return plgpu.kernel(
+        kernel, out_type=out_type, scratch_types=(*scratch, *barriers),
+        grid=(tiling.num_value_tiles, num_v_heads, batch), grid_names=("vt", "hv", "b"),
+        interpret=interpret,
+    )(*operands)
+
+
 def _load_head(rho_ref, rho_smem, state_ref, state_smem, arrived, b, head, columns):
     """Starts the TMA of the head's rho row and its starting state tile (S_0 forward, d S_final
     backward), both arriving on `arrived`."""
@@ -165,22 +187,13 @@ def forward_states(kw, w, u, rho, s0, *, tiling: Tiling, interpret=None):
                                      jnp.float32),
                 jax.ShapeDtypeStruct((batch, num_v_heads, key_dim, tiling.value_dim), jnp.float32))
     scratch = (
-        swizzled_smem((2, chunk, key_dim), op_dtype, swizzle),  # Kw
-        swizzled_smem((2, chunk, key_dim), op_dtype, swizzle),  # W
-        swizzled_smem((2, chunk, vt), jnp.float32),            # U
-        plgpu.SMEM((rho.shape[-1],), jnp.float32),         # rho row
+        *_stream_scratch(chunk, key_dim, chunk, vt, rho.shape[-1], op_dtype, swizzle),
         swizzled_smem((key_dim, vt), jnp.float32),             # state (for the copy out)
         swizzled_smem((key_dim, vt), op_dtype, swizzle),       # state as a matmul operand
         swizzled_smem((chunk, vt), op_dtype, swizzle),         # V_new as a matmul operand
-        plgpu.Barrier(num_arrivals=3, num_barriers=2),
-        plgpu.Barrier(num_arrivals=2, num_barriers=1),
     )
-    kernel.__name__ = "delta_rule_forward_states"  # the kernel's name in profiles
-    return plgpu.kernel(
-        kernel, out_type=out_type, scratch_types=scratch,
-        grid=(tiling.num_value_tiles, num_v_heads, batch), grid_names=("vt", "hv", "b"),
-        interpret=interpret,
-    )(kw, w, u, rho, s0)
+    return _launch(kernel, "delta_rule_forward_states", out_type, scratch, tiling, num_v_heads,
+                   batch, interpret, kw, w, u, rho, s0)
 
 
 def backward_states(kw, w, d_states, rho, d_final, *, tiling: Tiling, interpret=None):
@@ -237,21 +250,12 @@ def backward_states(kw, w, d_states, rho, d_final, *, tiling: Tiling, interpret=
         jax.ShapeDtypeStruct((num_chunks, batch, num_v_heads, key_dim, value_dim), jnp.float32),
         jax.ShapeDtypeStruct((num_chunks, batch, num_v_heads, chunk, value_dim), jnp.float32),
         jax.ShapeDtypeStruct((batch, num_v_heads, key_dim, value_dim), jnp.float32))
-    scratch = (
-        swizzled_smem((2, chunk, key_dim), op_dtype, swizzle),  # Kw
-        swizzled_smem((2, chunk, key_dim), op_dtype, swizzle),  # W
-        swizzled_smem((2, key_dim, vt), jnp.float32),          # G (cotangent of S_c)
-        plgpu.SMEM((rho.shape[-1],), jnp.float32),         # rho row
+    scratch = (  # the stream's value tile: G, the cotangent of S_c
+        *_stream_scratch(chunk, key_dim, key_dim, vt, rho.shape[-1], op_dtype, swizzle),
         swizzled_smem((key_dim, vt), jnp.float32),             # lambda (for the copy out)
         swizzled_smem((key_dim, vt), op_dtype, swizzle),       # lambda as a matmul operand
         swizzled_smem((chunk, vt), jnp.float32),               # dU (for the copy out)
         swizzled_smem((chunk, vt), op_dtype, swizzle),         # dU as a matmul operand
-        plgpu.Barrier(num_arrivals=3, num_barriers=2),
-        plgpu.Barrier(num_arrivals=2, num_barriers=1),
     )
-    kernel.__name__ = "delta_rule_backward_states"  # the kernel's name in profiles
-    return plgpu.kernel(
-        kernel, out_type=out_type, scratch_types=scratch,
-        grid=(tiling.num_value_tiles, num_v_heads, batch), grid_names=("vt", "hv", "b"),
-        interpret=interpret,
-    )(kw, w, d_states, rho, d_final)
+    return _launch(kernel, "delta_rule_backward_states", out_type, scratch, tiling, num_v_heads,
+                   batch, interpret, kw, w, d_states, rho, d_final)
