@@ -45,7 +45,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from mixer_kernels.mosaic_gpu.gated_delta import wy, wy_kernel
-from mixer_kernels.mosaic_gpu.gated_delta.common import CHUNK, SMEM_BYTES
+from mixer_kernels.mosaic_gpu.gated_delta.common import CHUNK, SMEM_BYTES, check_smem
 from mixer_kernels.mosaic_gpu.common import matmul, swizzled_smem
 
 
@@ -74,10 +74,8 @@ def backward(q, k, v, rows, cotangents, *, scale, interpret=None):
     op_dtype = k.dtype
     c = CHUNK
     shape = (c, c)
-    if not fits(key_dim, value_dim):
-        need = smem_bytes(key_dim, value_dim, jnp.bfloat16)
-        raise ValueError(f"the WY backward kernel needs {need} bytes of shared memory for "
-                         f"K = {key_dim}, V = {value_dim}, more than {SMEM_BYTES}")
+    check_smem("WY backward kernel", smem_bytes(key_dim, value_dim, jnp.bfloat16), key_dim,
+               value_dim)
     row = {name: index for index, name in enumerate(wy.ROWS)}
 
     def kernel(q_ref, k_ref, v_ref, rows_ref, dw_ref, du_ref, dkw_ref, dp_ref,

@@ -35,7 +35,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from mixer_kernels.mosaic_gpu.gated_delta import wy
-from mixer_kernels.mosaic_gpu.gated_delta.common import CHUNK, SMEM_BYTES
+from mixer_kernels.mosaic_gpu.gated_delta.common import CHUNK, check_smem
 from mixer_kernels.mosaic_gpu.common import matmul, swizzled_smem
 
 
@@ -46,13 +46,6 @@ def smem_bytes(key_dim, value_dim, operand_dtype, with_inverse) -> int:
     chain = 2 * c * c * op
     staging = c * c * op + c * value_dim * 4 + (c * c * 4 if with_inverse else 0)
     return inputs + chain + staging + 1024
-
-
-def check_fits(key_dim, value_dim, operand_dtype):
-    need = smem_bytes(key_dim, value_dim, operand_dtype, with_inverse=True)
-    if need > SMEM_BYTES:
-        raise ValueError(f"the WY kernel needs {need} bytes of shared memory for K = {key_dim}, "
-                         f"V = {value_dim}, more than {SMEM_BYTES}")
 
 
 def unit_lower_inverse(a, i, j, x_s, m_s):
@@ -84,7 +77,8 @@ def prepare(q, k, v, rows, *, scale, with_inverse=False, interpret=None):
     op_dtype = k.dtype
     c = CHUNK
     shape = (c, c)
-    check_fits(key_dim, value_dim, op_dtype)
+    check_smem("WY kernel", smem_bytes(key_dim, value_dim, op_dtype, with_inverse=True),
+               key_dim, value_dim)
     row = {name: index for index, name in enumerate(wy.ROWS)}
 
     def kernel(q_ref, k_ref, v_ref, rows_ref, w_ref, u_ref, kw_ref, p_ref, *rest):
