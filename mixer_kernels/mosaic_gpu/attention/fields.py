@@ -155,35 +155,35 @@ def gap_minima(block_min):
     return jnp.swapaxes(shifted, -1, -2)  # [i, j] = upto[j, i - 1]
 
 
-def spread_suffix(share, suf_min, phi, group, tau):
-    """sum_s share_s exp(-(phi_u - suf_min_s)/tau) over s < u in the group of u: [..., Tp]."""
+def _side(side):
+    if side not in ("suffix", "prefix"):
+        raise ValueError(f"side: expected 'suffix' or 'prefix', got {side!r}")
+    return side == "suffix"
+
+
+def _spread_level(share, minima, phi, group, tau, side):
+    """One level's spread, [..., Tp]: side "suffix": sum_s share_s exp(-(phi_u - minima_s)/tau)
+    over s < u in the group of u; "prefix": the same over t >= u."""
     shape = phi.shape
     cut = lambda a: a.reshape(shape[:-1] + (shape[-1] // group, group))
     u = jnp.arange(group)
-    later = u[None, :] > u[:, None]  # [s, u]
-    weight = jnp.where(later, _decay(cut(phi)[..., None, :] - cut(suf_min)[..., :, None], tau), 0.0)
+    pieces = u[None, :] > u[:, None] if _side(side) else u[None, :] <= u[:, None]  # [s or t, u]
+    weight = jnp.where(pieces, _decay(cut(phi)[..., None, :] - cut(minima)[..., :, None], tau),
+                       0.0)
     return (cut(share)[..., :, None] * weight).sum(-2).reshape(shape)  # a fused reduction
-
-
-def spread_prefix(share, pre_min, phi, group, tau):
-    """sum_t share_t exp(-(phi_u - pre_min_t)/tau) over t >= u in the group of u: [..., Tp]."""
-    shape = phi.shape
-    cut = lambda a: a.reshape(shape[:-1] + (shape[-1] // group, group))
-    u = jnp.arange(group)
-    upto = u[None, :] <= u[:, None]  # [t, u]
-    weight = jnp.where(upto, _decay(cut(phi)[..., None, :] - cut(pre_min)[..., :, None], tau), 0.0)
-    return (cut(share)[..., :, None] * weight).sum(-2).reshape(shape)
 
 
 def spread_levels(share, minima, phi, block, tau, side):
     """Every level's shares spread over their pieces, summed: [..., Tp] from share and minima
     [..., Lv, Tp]. side "suffix": sum_{L, s < u in the group of u} share[L, s]
-    exp(-(phi_u - minima[L, s])/tau); side "prefix": the same over t >= u. One fused
-    reduction over (level, position) per block."""
-    if side not in ("suffix", "prefix"):
-        raise ValueError(f"side: expected 'suffix' or 'prefix', got {side!r}")
+    exp(-(phi_u - minima[L, s])/tau); side "prefix": the same over t >= u. FIELD_PASSES:
+    level by level, or one fused reduction over (level, position) per block."""
+    suffix_side = _side(side)
+    if not _all_levels():
+        return sum(_spread_level(share[..., level, :], minima[..., level, :], phi, 1 << level,
+                                 tau, side) for level in range(num_levels(block)))
     prefix, suffix = group_masks(block)
-    mask = suffix if side == "suffix" else prefix                       # [L, s or t, u]
+    mask = suffix if suffix_side else prefix                            # [L, s or t, u]
     x = _by_block(phi, block)                                           # [..., nb, 1, 1, n(u)]
     weight = jnp.where(mask, _decay(x - _levels_by_block(minima, block), tau), 0.0)
     total = jnp.sum(_levels_by_block(share, block) * weight, axis=(-3, -2))  # [..., nb, n]
@@ -220,16 +220,7 @@ def spread_gap(gap_total, block_min, phi, block, tau):
 def field_gradient(col_share, row_share, gap_total, phi, block, tau, pre_min, suf_min):
     """dphi [..., Tp] from the kernels' shares: col/row_share [..., Lv, Tp]; pre_min, suf_min
     [..., Lv, Tp] level_stats' minima (FIELD_PASSES)."""
-    if _all_levels():
-        dphi = (spread_levels(col_share, suf_min, phi, block, tau, "suffix")
-                + spread_levels(row_share, pre_min, phi, block, tau, "prefix"))
-    else:
-        dphi = jnp.zeros_like(phi)
-        for level in range(num_levels(block)):
-            group = 1 << level
-            dphi = dphi + spread_suffix(col_share[..., level, :], suf_min[..., level, :], phi,
-                                        group, tau)
-            dphi = dphi + spread_prefix(row_share[..., level, :], pre_min[..., level, :], phi,
-                                        group, tau)
+    dphi = (spread_levels(col_share, suf_min, phi, block, tau, "suffix")
+            + spread_levels(row_share, pre_min, phi, block, tau, "prefix"))
     block_min = at_block_ends(pre_min[..., -1, :], block)
     return dphi + spread_gap(gap_total, block_min, phi, block, tau)

@@ -25,12 +25,7 @@ def level_stats(phi, block, tau, passes):
 
 @functools.partial(jax.jit, static_argnums=(3, 4, 5, 6))
 def spread_levels(share, minima, phi, block, tau, side, passes):
-    """Every level's shares spread and summed: spread_levels, or the per-level spreads."""
-    if passes == "all_levels":
-        return fields.spread_levels(share, minima, phi, block, tau, side)
-    one = fields.spread_suffix if side == "suffix" else fields.spread_prefix
-    return sum(one(share[:, level], minima[:, level], phi, 1 << level, tau)
-               for level in range(fields.num_levels(block)))
+    return fields.spread_levels(share, minima, phi, block, tau, side)
 
 
 def _walk(rng, shape, drift):
