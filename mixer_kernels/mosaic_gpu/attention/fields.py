@@ -30,7 +30,7 @@ FIELD_PASSES (read when traced) picks how the statistics and spreads are formed:
   "by_level"    level by level (the default): the statistics by joining the halves of the
                 level below (O(1) work per level, position and statistic), each level's spread
                 over its own groups (2^L exponentials per position at level L: 127 per side at
-                n = 64), but a few hundred XLA ops per call (2018 StableHLO ops per layer with
+                n = 64), but a few hundred XLA ops per call (about 2000 StableHLO ops per layer with
                 the kernels' other glue, benchmarks/hlo_op_count.py), which a model's compile
                 pays for per layer
   "all_levels"  every level at once: per block, a [Lv, n, n] mask of the (level, position,
