@@ -297,6 +297,12 @@ def _accumulate(cfg, acc, lhs, lhs_smem, rhs_smem, during=None, state=()):
     return pl.run_state(body)((plgpu.ACC.init(acc), tuple(state)))
 
 
+def _store_rows(pack_s, vectors):
+    """Stores the [n] vectors as the rows 0, 1, ... of the SMEM pack pack_s [R, n]."""
+    for index, vector in enumerate(vectors):
+        pack_s.at[index][...] = vector
+
+
 def _zeros(shape, layout):
     return plgpu.layout_cast(jnp.zeros(shape, jnp.float32), layout)
 
@@ -744,8 +750,7 @@ def _reduce_query_side(cfg, ds, ds_s, k_s, dq_s, rowo_s, row_sums, dq_dst, rows_
     plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the last tile's reductions read dq_s
     if cfg.content:
         dq_s[...] = dq
-    for index, x in enumerate(row_sums):
-        rowo_s.at[index][...] = x
+    _store_rows(rowo_s, row_sums)
     plgpu.commit_smem()
     if cfg.content:
         plgpu.copy_smem_to_gmem(dq_s, dq_dst, reduction_op="add")
@@ -866,8 +871,7 @@ def dkv_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta, d
 
         k_s[...] = (cfg.scale * dk).astype(k_s.dtype)
         v_s[...] = dv.astype(v_s.dtype)
-        for index, acc in enumerate(col_acc):
-            colo_s.at[index][...] = acc
+        _store_rows(colo_s, col_acc)
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(k_s, dk_ref.at[keys])
         plgpu.copy_smem_to_gmem(v_s, dv_ref.at[keys])
@@ -976,8 +980,7 @@ def dq_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
 
         (dq, row_acc), _, _ = lax.fori_loop(0, i - j_lo, off_diagonal, carry)
         q_s[...] = (cfg.scale * dq).astype(q_s.dtype)
-        for index, acc in enumerate(row_acc):
-            rowo_s.at[index][...] = acc
+        _store_rows(rowo_s, row_acc)
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(q_s, dq_ref.at[queries])
         if rowo_ref is not None:
