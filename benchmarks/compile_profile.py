@@ -25,6 +25,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks import field_passes_option  # noqa: E402
+
 import jax  # noqa: E402
 
 from train.core.presets import load_config  # noqa: E402
@@ -88,13 +90,9 @@ def main():
     parser.add_argument("--layers", type=int, default=0, help="override model.num_layers")
     parser.add_argument("--cprofile", default="", help="preset to run under cProfile")
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
-    parser.add_argument("--field-passes", choices=("by_level", "all_levels"), default=None,
-                        help="FPA: how the XLA field passes are formed (mixer_kernels/mosaic_gpu/"
-                             "attention/fields.py FIELD_PASSES; unset: the library's)")
+    field_passes_option.add(parser)
     args = parser.parse_args()
-    if args.field_passes is not None:
-        from mixer_kernels.mosaic_gpu.attention import fields
-        fields.FIELD_PASSES = args.field_passes
+    field_passes_option.apply(args)
     results = []
     for name in args.presets:
         out = (os.path.join(args.out, f"compile_cprofile_{name}.txt")

@@ -18,6 +18,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks import field_passes_option  # noqa: E402
+
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
@@ -80,13 +82,9 @@ def main():
     parser.add_argument("--op", default="fpa", choices=("fpa", "fox", "softmax"))
     parser.add_argument("--shape", default="8,2048,12,64", help="B,T,H,D")
     parser.add_argument("--top", type=int, default=25)
-    parser.add_argument("--field-passes", choices=("by_level", "all_levels"), default=None,
-                        help="FPA: how the XLA field passes are formed (mixer_kernels/mosaic_gpu/"
-                             "attention/fields.py FIELD_PASSES; unset: the library's)")
+    field_passes_option.add(parser)
     args = parser.parse_args()
-    if args.field_passes is not None:
-        from mixer_kernels.mosaic_gpu.attention import fields
-        fields.FIELD_PASSES = args.field_passes
+    field_passes_option.apply(args)
     shape = tuple(int(n) for n in args.shape.split(","))
     for name, (fn, abstract) in programs(args.op, shape).items():
         counts, total = ops_by_line(fn, abstract)

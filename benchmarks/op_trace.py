@@ -28,6 +28,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks import field_passes_option  # noqa: E402
+
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
@@ -154,13 +156,9 @@ def main():
                         help="attention: dq and the row sums formed in the dk/dv sweep (TMA "
                              "reductions), for every bias mode (unset: the library's per-mode "
                              "backward.py ONE_SWEEP)")
-    parser.add_argument("--field-passes", choices=("by_level", "all_levels"), default=None,
-                        help="FPA: how the XLA field passes are formed (mixer_kernels/mosaic_gpu/"
-                             "attention/fields.py FIELD_PASSES; unset: the library's)")
+    field_passes_option.add(parser)
     args = parser.parse_args()
-    if args.field_passes is not None:
-        from mixer_kernels.mosaic_gpu.attention import fields
-        fields.FIELD_PASSES = args.field_passes
+    field_passes_option.apply(args)
     if args.one_sweep is not None:
         from mixer_kernels.mosaic_gpu.attention import backward
         backward.ONE_SWEEP = {mode: args.one_sweep == "on" for mode in backward.ONE_SWEEP}
