@@ -33,13 +33,17 @@ def test_packed_fields_equal_each_document_alone():
     lengths = random_lengths(seed) + [1]       # a one-token document at the end
     delta, g, h, segment_ids = packed_documents(seed, lengths)
     phi, psi = fields(delta, g, h, segment_ids=segment_ids)
+    # a restart subtracts the running sum at the document start, so float32 rounding is
+    # relative to the row's whole walk, not to the document's own values
+    walk = np.abs(np.asarray(fields(delta, g, h))).max()
+    tolerance = dict(rtol=1e-6, atol=8 * np.finfo(np.float32).eps * (1 + walk))
     start = 0
     for length in lengths:
         part = slice(start, start + length)
         alone_phi, alone_psi = fields(delta[:, part], g[:, part], h[:, part])
-        np.testing.assert_allclose(phi[:, part], alone_phi, rtol=1e-6, atol=1e-6,
-                                   err_msg=f"seed {seed}, lengths {lengths}, at {start}")
-        np.testing.assert_allclose(psi[:, part], alone_psi, rtol=1e-6, atol=1e-6)
+        message = f"seed {seed}, lengths {lengths}, at {start}"
+        np.testing.assert_allclose(phi[:, part], alone_phi, **tolerance, err_msg=message)
+        np.testing.assert_allclose(psi[:, part], alone_psi, **tolerance, err_msg=message)
         start += length
     # one document: the same as no segment ids
     one = jnp.zeros_like(segment_ids)
