@@ -161,6 +161,7 @@ def test_small_tau_gradient_matches_finite_differences_of_hard_forward():
             np.testing.assert_allclose(float(analytic), float(numeric), rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_tau_changes_only_the_gradient():
     args = make_inputs(SEED + 8, length=50)
     out_1 = jax.jit(functools.partial(fpa_attention, tau=1.0))(*args)
@@ -172,6 +173,7 @@ def test_tau_changes_only_the_gradient():
     check_against_reference(args, tau=0.3, block_size=16)
 
 
+@pytest.mark.slow
 def test_jit_and_vmap():
     args = make_inputs(SEED + 9, length=33)
     eager = fpa_attention(*args, block_size=8)
@@ -184,6 +186,7 @@ def test_jit_and_vmap():
     assert_close(mapped[1], half, 1e-6, "vmap[1]")
 
 
+@pytest.mark.slow
 def test_memory_is_linear_in_length():
     """The compiled forward+backward holds no T x T buffer: temporaries grow ~linearly."""
     def temp_bytes(length):

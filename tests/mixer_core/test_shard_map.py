@@ -148,6 +148,7 @@ def eight_devices():
     return run_on_cpu_devices(SCRIPT, str(case_seed(1201)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["fpa", "fox", "softmax_alibi", "gdn"])
 def test_ops_split_over_batch_and_heads_equal_one_device(eight_devices, name):
     result = eight_devices[name]
@@ -155,12 +156,14 @@ def test_ops_split_over_batch_and_heads_equal_one_device(eight_devices, name):
     assert max(result["errors"]) < 5e-5, result["errors"]  # float32, reductions reordered
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["fpa", "fox", "gdn"])
 def test_pallas_kernels_lower_per_shard_without_gathering(eight_devices, name):
     lowered = eight_devices["lowered"][name]
     assert lowered == {"mosaic": True, "all_gather": False, "per_shard": True}
 
 
+@pytest.mark.slow
 def test_the_trainer_step_runs_each_mixer_under_shard_map(eight_devices):
     # forward and backward of the GDN and the FPA layer
     assert eight_devices["trainer_shard_maps"] >= 2

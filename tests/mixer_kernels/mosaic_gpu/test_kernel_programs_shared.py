@@ -58,6 +58,7 @@ def _kernel_calls(layer, layers):
 
 @pytest.mark.parametrize("layer", [_fpa_layer, _gdn_layer, _conv_layer],
                          ids=["fpa", "gdn", "short_conv"])
+@pytest.mark.slow
 def test_kernel_calls_do_not_grow_with_depth(layer):
     two, three = _kernel_calls(layer, 2), _kernel_calls(layer, 3)
     assert two >= 1  # the kernels are there

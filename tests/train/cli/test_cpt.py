@@ -31,6 +31,7 @@ def test_cpt_without_a_reference_prints_nothing_but_the_error(tmp_path, capsys):
     assert captured.out == "" and "cpt.reference" in one_error_line(captured.err)
 
 
+@pytest.mark.slow
 def test_cpt_prints_what_spectral_shift_did(gdn_cpt_runs):
     reference, _, err = gdn_cpt_runs
     lines = [line for line in err.splitlines() if line.startswith("SpectralShift:")]

@@ -29,6 +29,7 @@ def outputs(directory):
     return {t for t in TASKS if t in result}, pngs - {"position_loss"}
 
 
+@pytest.mark.slow
 def test_each_setting_gets_its_own_directory_and_progress_lines(run_dir, capsys):
     from train.cli.entry import main
 
@@ -48,6 +49,7 @@ def test_each_setting_gets_its_own_directory_and_progress_lines(run_dir, capsys)
     assert "written: " + str(passkey) in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_an_out_directory_of_another_setting_keeps_none_of_its_files(run_dir, tmp_path,
                                                                      capsys):
     from train.cli.entry import main

@@ -19,6 +19,7 @@ def run_dir(tiny_trained_run, tmp_path_factory):
     return copy_run(tiny_trained_run, tmp_path_factory.mktemp("progress") / "run")
 
 
+@pytest.mark.slow
 def test_generate_reports_a_long_prefill_and_warns_far_beyond_the_training_length(
         run_dir, capsys):
     from train.cli.entry import main

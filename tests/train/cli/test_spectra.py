@@ -1,8 +1,11 @@
 """`python -m train spectra` (train/cli/spectra.py): its table fits 100 columns."""
 
+import pytest
+
 from train.cli.entry import main
 
 
+@pytest.mark.slow
 def test_the_spectra_table_fits_100_columns(gdn_cpt_runs, tmp_path, capsys):
     reference, extended, _ = gdn_cpt_runs
     capsys.readouterr()

@@ -132,6 +132,7 @@ def test_schedules():
     assert float(no_warmup(0)) == 3.0
 
 
+@pytest.mark.slow
 def test_muon_orthogonalises_matrices_and_adams_the_rest():
     params, grads = hybrid_params(7), hybrid_params(8)
     optim = OptimConfig(name="muon", lr=0.02, schedule="constant", warmup_steps=0,

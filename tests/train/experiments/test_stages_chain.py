@@ -95,6 +95,7 @@ def one_error_line(capsys) -> str:
                                          "stage 'a' now ends at step 4"]),
     (["train.steps=1"], ["stage 'a' already ran to step 2", "train.steps=1"]),
 ], ids=["longer", "only-a-longer", "shorter"])
+@pytest.mark.slow
 def test_changed_steps_are_refused_and_leave_the_chain_unchanged(chain, tmp_path, capsys,
                                                                  arguments, expected):
     _, curriculum, _ = chain
@@ -111,6 +112,7 @@ def test_changed_steps_are_refused_and_leave_the_chain_unchanged(chain, tmp_path
     assert snapshot(out) == before
 
 
+@pytest.mark.slow
 def test_rerun_completes_a_final_eval_cut_off_by_a_signal(chain, tmp_path, capsys):
     _, curriculum, _ = chain
     out = copied(chain, tmp_path)
@@ -138,6 +140,7 @@ def test_rerun_completes_a_final_eval_cut_off_by_a_signal(chain, tmp_path, capsy
             f"eval loss {losses[name]:.4f}" in line, line
 
 
+@pytest.mark.slow
 def test_summary_of_a_finished_stage_survives_a_sigterm_before_the_next(chain, tmp_path,
                                                                        capsys, monkeypatch):
     import train.experiments.stages

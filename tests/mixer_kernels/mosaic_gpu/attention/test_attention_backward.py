@@ -99,7 +99,7 @@ def test_softmax_gradients(length, heads, segments, head_dim):
         _close(g, w, 1e-4, name)
 
 
-@pytest.mark.parametrize("kind", ["fox", "alibi"])
+@pytest.mark.parametrize("kind", ["fox", pytest.param("alibi", marks=pytest.mark.slow)])
 def test_separable_gradients(kind):
     seed = case_seed(200 + len(kind))
     batch, length, heads = 2, 150, 2
@@ -131,6 +131,7 @@ FPA_CASES = {
     "drift_ties_query_level_no_content": (1, 128, 1, 64, 1000.0, True, False, True, False, 0.5),
     "drift_ties_dim128": (1, 100, 1, 128, -1000.0, True, False, False, True, 1.0),
 }
+SLOW_FPA_CASES = ("one_step", "drift_ties_dim128")    # the local loop keeps the other two
 
 
 @functools.partial(jax.jit, static_argnums=(1, 2, 3, 4, 5))
@@ -146,7 +147,8 @@ def _fpa_inputs(seed, batch, length, heads, drift, ties):
     return phi, psi, beta
 
 
-@pytest.mark.parametrize("case", list(FPA_CASES))
+@pytest.mark.parametrize("case", [pytest.param(name, marks=pytest.mark.slow)
+                                  if name in SLOW_FPA_CASES else name for name in FPA_CASES])
 def test_fpa_gradients(case):
     batch, length, heads, dim, drift, ties, segments, query_level, content, tau = FPA_CASES[case]
     seed = case_seed(300 + list(FPA_CASES).index(case))
@@ -276,6 +278,7 @@ def _assert_fpa_close(got, want):
         _close(g, w, 1e-4, name)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("forced", [1, 2])
 def test_fpa_separable_and_row_referenced_shares_match_the_oracle(forced, monkeypatch):
     """Off-diagonal tiles (gaps included, T = 200: four blocks, ragged) with a small walk, so

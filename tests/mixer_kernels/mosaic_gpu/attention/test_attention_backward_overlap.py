@@ -20,6 +20,7 @@ def _grads(args, bias, segment_ids, overlap, monkeypatch):
     return interpreted_gradients(args, bias, segment_ids)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case, kind", [(0, "fpa"), (1, "fox"), (2, "none")])
 def test_overlapped_schedule_matches_the_sequential_one(case, kind, monkeypatch):
     args, bias, segment_ids = backward_case(case_seed(case), kind)

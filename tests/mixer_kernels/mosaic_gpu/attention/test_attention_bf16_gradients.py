@@ -74,7 +74,7 @@ def _fpa_errors(seed):
 FPA_NAMES = ["dq", "dk", "dv", "dphi", "dpsi", "dbeta"]
 
 
-@pytest.mark.parametrize("seed", [2, "fresh"])
+@pytest.mark.parametrize("seed", [pytest.param(2, marks=pytest.mark.slow), "fresh"])
 def test_fpa_kernel_bf16_gradients_match_float32(seed):
     """Seed 2 is pinned: without the centring and the float32 out the kernel's dbeta was 7.4e-3
     there (1.3e-3 .. 7.4e-3 over seeds 0-5; now below 2e-6), so this case fails on the old code.
@@ -83,7 +83,7 @@ def test_fpa_kernel_bf16_gradients_match_float32(seed):
     _check(FPA_NAMES, _fpa_errors(2 if seed == 2 else case_seed(1601)))
 
 
-@pytest.mark.parametrize("gate_mean", [2.0, 5.0])
+@pytest.mark.parametrize("gate_mean", [2.0, pytest.param(5.0, marks=pytest.mark.slow)])
 def test_fox_kernel_bf16_gradients_match_float32(gate_mean):
     """Forget gates sigmoid(gate_mean + N(0, 1)): about 0.85 and 0.99 (short and long memory)."""
     keys = jax.random.split(jax.random.PRNGKey(case_seed(1602 + int(gate_mean))), 5)

@@ -87,6 +87,7 @@ def test_explicit_pallas_outside_interpreter_says_why():
             softmax_attention(head_dim_32, head_dim_32, head_dim_32, implementation="pallas")
 
 
+@pytest.mark.slow
 def test_vmap_of_grad_matches_reference():
     """vmap over an extra leading axis of grad through the kernels' custom VJP."""
     seed = case_seed(604)

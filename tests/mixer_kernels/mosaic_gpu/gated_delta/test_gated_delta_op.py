@@ -85,7 +85,8 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.slow)
+                                  if name == "strong_decay" else name for name in sorted(CASES)])
 def test_pallas_matches_xla_and_oracle(name):
     batch, seq_len, heads, group, key_dim, value_dim, kwargs = CASES[name]
     arrays, segment_ids, cotangents = _inputs(case_seed(200 + sorted(CASES).index(name)), batch,
@@ -147,6 +148,7 @@ def test_explicit_pallas_says_why_not_and_default_falls_back():
     np.testing.assert_allclose(np.asarray(out), np.asarray(want), rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_vmap_of_forward_and_gradient():
     """vmap folds the mapped axis into the kernels' batch axis (one launch)."""
     arrays, _, _ = _inputs(case_seed(240), 3, 20, 1, 1, 64, 64)
