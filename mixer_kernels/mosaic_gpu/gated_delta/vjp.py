@@ -18,9 +18,10 @@ the reverse recurrence in `state_kernels.backward_states` and forms, batched ove
     q, k [B, T, H, K]   v [B, T, HV, V]   g, beta [B, T, HV]   S [B, HV, K, V] float32
     internals chunk-major: Kw, W [N, B, HV, C, K] (16-bit), U [N, B, HV, C, V] float32
 
-Residuals: the entering states [N, B, HV, K, V] float32 (as the "xla" path saves), the inputs
-(q padded), W, Kw, P (16-bit), U (float32) and the decays e; (I + A)^{-1} and the outputs
-(`chunk_outputs`) are recomputed in the backward pass.
+Residuals (`RESIDUALS = "internals"`): the entering states [N, B, HV, K, V] float32 (as the
+"xla" path saves), the inputs (q padded), W, Kw, P (16-bit), U (float32) and the decays e;
+(I + A)^{-1} and the outputs (`chunk_outputs`) are recomputed in the backward pass. With
+`RESIDUALS = "inputs"` only the inputs are kept and the whole forward runs again.
 Matrix operands of the kernels are 16-bit (bf16/f16: the dtype of q and k); float32 inputs run
 only in interpret mode (tests), with float32 operands.
 """
@@ -45,6 +46,12 @@ from mixer_kernels.mosaic_gpu.gated_delta.common import CHUNK
 # step with "xla" (a trace), 52 ms wall with "pallas" (two-window bench): not yet like for like.
 # Read when the backward is traced (a compiled function keeps its choice).
 INTRA_BACKWARD = "pallas"
+
+# What the op keeps for its backward pass: "internals" keeps the chunk-major W, Kw, P (16-bit),
+# U and the entering states (float32), 168 MiB per GDN layer at (8, 2048, 12 heads of 64);
+# "inputs" keeps only the op's inputs and runs the WY kernel and the forward state kernel again
+# at the start of the backward pass, the trade fla makes. Read when the op is traced.
+RESIDUALS = "internals"
 
 
 def _manual_axes(*arrays):
@@ -184,23 +191,57 @@ def chunked_forward_pallas(q, k, v, g, beta, *, scale, initial_state, segment_id
 
     Returns (out [B, T, HV, V], final_state [B, HV, K, V]), both float32.
     """
-    batch, seq_len, num_heads, key_dim = q.shape
-    num_v_heads, value_dim = v.shape[2], v.shape[3]
+    seq_len, key_dim = q.shape[1], q.shape[3]
     num_chunks = -(-seq_len // CHUNK)
     dtype = compute_dtype(q, k, v, g, beta, initial_state)
     op_dtype = operand_dtype(q, k)
     if op_dtype == jnp.float32 and not interpret_active():
         raise ValueError(f"q, k: the pallas kernels need bf16 or fp16 (16-bit tensor-core "
                          f"operands), got {q.dtype}, {k.dtype}")
-    tiling = state_kernels.choose_tiling(num_chunks, CHUNK, key_dim, value_dim, op_dtype,
+    if RESIDUALS not in ("internals", "inputs"):
+        raise ValueError(f"RESIDUALS: expected 'internals' or 'inputs', got {RESIDUALS!r}")
+    tiling = state_kernels.choose_tiling(num_chunks, CHUNK, key_dim, v.shape[3], op_dtype,
                                          value_tile=value_tile)
+    body = functools.partial(_chunked_body, scale=float(scale), tiling=tiling,
+                             dtype=jnp.dtype(dtype), op_dtype=jnp.dtype(op_dtype))
+    if RESIDUALS == "inputs":
+        body = _keeping_inputs_only(body)
+    return body(q, k, v, g, beta, initial_state, segment_ids)
 
+
+def _keeping_inputs_only(body):
+    """body(q, k, v, g, beta, initial_state, segment_ids) that keeps only its inputs for the
+    backward pass, which runs body's forward again and pulls the cotangents through it.
+    (A custom VJP rather than `jax.checkpoint`: the interpreted kernels of the tests carry
+    callback effects that remat does not take.)"""
+
+    @jax.custom_vjp
+    def run(*inputs):
+        return body(*inputs)
+
+    def forward(*inputs):
+        return body(*inputs), inputs
+
+    def backward(inputs, cotangents):
+        *differentiable, segment_ids = inputs
+        _, pull = jax.vjp(lambda *xs: body(*xs, segment_ids), *differentiable)
+        return (*pull(cotangents), None)
+
+    run.defvjp(forward, backward)
+    return run
+
+
+def _chunked_body(q, k, v, g, beta, initial_state, segment_ids, *, scale, tiling, dtype,
+                  op_dtype):
+    """`chunked_forward_pallas` after its checks: (out [B, T, HV, V], final state)."""
+    batch, seq_len, num_heads, key_dim = q.shape
+    num_v_heads, value_dim = v.shape[2], v.shape[3]
+    num_chunks = -(-seq_len // CHUNK)
     padded = num_chunks * CHUNK
     q, k, v = (pad_time(x.astype(op_dtype), padded) for x in (q, k, v))
     rows, entering_decay = wy.chunk_rows(pad_time(g, padded), pad_time(beta, padded),
                                          segment_ids, num_chunks, CHUNK)    # e [N, B, HV, C]
-    state_weights, base_values, weighted_keys, attention = wy_preparation(q, k, v, rows,
-                                                                          float(scale))
+    state_weights, base_values, weighted_keys, attention = wy_preparation(q, k, v, rows, scale)
     if initial_state is None:
         state = jnp.zeros((batch, num_v_heads, key_dim, value_dim), jnp.float32)
     else:
@@ -212,7 +253,7 @@ def chunked_forward_pallas(q, k, v, g, beta, *, scale, initial_state, segment_id
         *_varying(recurrence_inputs, _manual_axes(*recurrence_inputs)), tiling)
 
     out = chunk_outputs(q, states, state_weights, base_values, attention, entering_decay,
-                        float(scale), jnp.dtype(dtype))
+                        scale, dtype)
     return out[:, :seq_len], final_state.astype(dtype)
 
 
