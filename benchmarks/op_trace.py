@@ -2,6 +2,7 @@
 
     python benchmarks/op_trace.py fpa --shape 4,4096,12,64 --fields walk [--out DIR]
     python benchmarks/op_trace.py gdn --shape 4,4096,16,128 [--intra-backward pallas]
+        [--residuals internals|inputs] [--xla-operands float32|16-bit]
     python benchmarks/op_trace.py fpa|fox|softmax ... [--overlap none|dq|dkv|both] [--one-sweep on|off]
     python benchmarks/op_trace.py fpa ... [--field-passes by_level|all_levels]
     python benchmarks/op_trace.py fpa --shape 4,4096,12,64 1,16384,12,64 --fields walk,flat,fox
@@ -125,7 +126,8 @@ def _knobs(op):
     """The module switches this run's kernels were traced with."""
     if op == "gdn":
         from mixer_kernels.mosaic_gpu.gated_delta import vjp
-        return {"intra_backward": vjp.INTRA_BACKWARD}
+        return {"intra_backward": vjp.INTRA_BACKWARD, "residuals": vjp.RESIDUALS,
+                "xla_operands": vjp.XLA_OPERANDS}
     from mixer_kernels.mosaic_gpu.attention import backward
     mode = {"fpa": "fpa", "fox": "separable", "softmax": "none"}[op]
     overlap_dq, overlap_dkv = backward.OVERLAP[mode]
@@ -156,6 +158,11 @@ def main():
                         help="attention: dq and the row sums formed in the dk/dv sweep (TMA "
                              "reductions), for every bias mode (unset: the library's per-mode "
                              "backward.py ONE_SWEEP)")
+    parser.add_argument("--residuals", choices=("internals", "inputs"), default=None,
+                        help="gdn: what the op keeps for its backward (vjp.RESIDUALS)")
+    parser.add_argument("--xla-operands", choices=("float32", "16-bit"), default=None,
+                        help="gdn: the operands of the op's XLA matrix products "
+                             "(vjp.XLA_OPERANDS)")
     field_passes_option.add(parser)
     args = parser.parse_args()
     field_passes_option.apply(args)
@@ -166,9 +173,11 @@ def main():
         from mixer_kernels.mosaic_gpu.attention import backward
         schedule = (args.overlap in ("dq", "both"), args.overlap in ("dkv", "both"))
         backward.OVERLAP = {mode: schedule for mode in backward.OVERLAP}
-    if args.intra_backward is not None:
-        from mixer_kernels.mosaic_gpu.gated_delta import vjp
-        vjp.INTRA_BACKWARD = args.intra_backward
+    from mixer_kernels.mosaic_gpu.gated_delta import vjp
+    for name, value in (("INTRA_BACKWARD", args.intra_backward), ("RESIDUALS", args.residuals),
+                        ("XLA_OPERANDS", args.xla_operands)):
+        if value is not None:
+            setattr(vjp, name, value)
     regimes = args.fields.split(",") if args.op == "fpa" else [args.fields]
     for text in args.shape:
         shape = tuple(int(n) for n in text.split(","))

@@ -47,6 +47,13 @@ from mixer_kernels.mosaic_gpu.gated_delta.common import CHUNK
 # Read when the backward is traced (a compiled function keeps its choice).
 INTRA_BACKWARD = "pallas"
 
+# The operands of the op's XLA matrix products (the chunk outputs, their backward and the
+# state gradients): "float32" casts the 16-bit W, P and q up and multiplies in float32 (TF32 on
+# the GPU by XLA's default precision); "16-bit" rounds the float32 states, U - W S and the
+# cotangents to the kernels' operand dtype and accumulates in float32, as the kernels do (and
+# fla's output kernels). Read when the op is traced.
+XLA_OPERANDS = "float32"
+
 # What the op keeps for its backward pass: "internals" keeps the chunk-major W, Kw, P (16-bit),
 # U and the entering states (float32), 168 MiB per GDN layer at (8, 2048, 12 heads of 64);
 # "inputs" keeps only the op's inputs and runs the WY kernel and the forward state kernel again
@@ -110,6 +117,47 @@ def _kernels(tiling):
     return forward, backward
 
 
+def _xla_operands(op_dtype, dtype):
+    """The operand dtype of the XLA matrix products (`XLA_OPERANDS`)."""
+    if XLA_OPERANDS not in ("float32", "16-bit"):
+        raise ValueError(f"XLA_OPERANDS: expected 'float32' or '16-bit', got {XLA_OPERANDS!r}")
+    return jnp.dtype(op_dtype if XLA_OPERANDS == "16-bit" else dtype)
+
+
+def _product(spec, a, b, operands):
+    """einsum(spec, a, b) in float32 from operands rounded to `operands`; with 16-bit operands
+    the backward multiplies the cotangent rounded to 16 bits too (`_product_16`)."""
+    if jnp.dtype(operands).itemsize >= 4:
+        return jnp.einsum(spec, a.astype(operands), b.astype(operands))
+    return _product_16(spec, jnp.dtype(operands), a.dtype, b.dtype, a, b)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3))
+def _product_16(spec, operands, a_dtype, b_dtype, a, b):
+    return jnp.einsum(spec, a.astype(operands), b.astype(operands),
+                      preferred_element_type=jnp.float32)
+
+
+def _product_16_fwd(spec, operands, a_dtype, b_dtype, a, b):
+    a, b = a.astype(operands), b.astype(operands)
+    return jnp.einsum(spec, a, b, preferred_element_type=jnp.float32), (a, b)
+
+
+def _product_16_bwd(spec, operands, a_dtype, b_dtype, residuals, cotangent):
+    """Matmul-like specs only: every index of an operand is in the other operand or the output.
+    The cotangents leave in the inputs' dtypes (float32 ones are not rounded to 16 bits)."""
+    a, b = residuals
+    left, rest = spec.split(",")
+    right, out = rest.split("->")
+    cotangent = cotangent.astype(operands)
+    d_a = jnp.einsum(f"{out},{right}->{left}", cotangent, b, preferred_element_type=jnp.float32)
+    d_b = jnp.einsum(f"{left},{out}->{right}", a, cotangent, preferred_element_type=jnp.float32)
+    return d_a.astype(a_dtype), d_b.astype(b_dtype)
+
+
+_product_16.defvjp(_product_16_fwd, _product_16_bwd)
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
 def state_recurrence(kw, w, u, rho, s0, tiling):
     """(entering states [N, B, HV, K, V], final state [B, HV, K, V]); see module docstring."""
@@ -125,9 +173,10 @@ def _state_recurrence_bwd(tiling, residuals, cotangents):
     kw, w, u, rho, states = residuals
     d_states, d_final = cotangents
     lambdas, d_u, d_s0 = _kernels(tiling)[1](kw, w, d_states, rho, d_final)
-    d_w = -jnp.einsum("nbhcv,nbhkv->nbhck", d_u, states)
-    new_values = u - jnp.einsum("nbhck,nbhkv->nbhcv", w.astype(jnp.float32), states)
-    d_kw = jnp.einsum("nbhcv,nbhkv->nbhck", new_values, lambdas)
+    operands = _xla_operands(w.dtype, jnp.float32)
+    d_w = -_product("nbhcv,nbhkv->nbhck", d_u, states, operands)
+    new_values = u - _product("nbhck,nbhkv->nbhcv", w, states, operands)
+    d_kw = _product("nbhcv,nbhkv->nbhck", new_values, lambdas, operands)
     d_rho = jnp.einsum("nbhkv,nbhkv->bhn", states, lambdas)
     d_rho = jnp.pad(d_rho, [(0, 0), (0, 0), (0, rho.shape[-1] - d_rho.shape[-1])])
     return d_kw.astype(kw.dtype), d_w.astype(w.dtype), d_u, d_rho, d_s0
@@ -271,11 +320,11 @@ def chunk_outputs(q, states, state_weights, base_values, attention, entering_dec
     batch, padded, num_heads, key_dim = q.shape
     num_chunks, _, num_v_heads, _, value_dim = states.shape
     group = num_v_heads // num_heads
-    new_values = base_values - jnp.einsum("nbhck,nbhkv->nbhcv", state_weights.astype(dtype),
-                                          states.astype(dtype))
-    queries = q.astype(dtype).reshape(batch, num_chunks, CHUNK, num_heads, key_dim)
-    from_states = jnp.einsum("bnchk,nbhgkv->nbhgcv", queries, states.astype(dtype).reshape(
-        num_chunks, batch, num_heads, group, key_dim, value_dim))
+    operands = _xla_operands(q.dtype, dtype)
+    new_values = base_values - _product("nbhck,nbhkv->nbhcv", state_weights, states, operands)
+    queries = q.reshape(batch, num_chunks, CHUNK, num_heads, key_dim)
+    from_states = _product("bnchk,nbhgkv->nbhgcv", queries, states.reshape(
+        num_chunks, batch, num_heads, group, key_dim, value_dim), operands)
     out = (scale * entering_decay[..., None] * from_states.reshape(new_values.shape)
-           + jnp.einsum("nbhij,nbhjv->nbhiv", attention.astype(dtype), new_values))
+           + _product("nbhij,nbhjv->nbhiv", attention, new_values, operands))
     return out.transpose(1, 0, 3, 2, 4).reshape(batch, padded, num_v_heads, value_dim)
