@@ -24,6 +24,13 @@ import textwrap
 import time
 from pathlib import Path
 
+from train.core.metrics import progress_line
+from train.probes.model import METHODS
+from train.probes.report import (find_results, format_table, load_result, plot_per_seed,
+                                 write_outputs)
+from train.probes.runner import ProbeConfig, run_probe
+from train.probes.tasks import TASKS, task_sizes
+
 DEFAULT_METHODS = "fpa,fox"
 DEFAULT_REFERENCE = "fpa"
 HELP_FLAGS = ("-h", "--help")
@@ -39,7 +46,6 @@ def _wrapped(items: list[str], indent: str = "  ") -> str:
 
 
 def _size_items(task: str) -> list[str]:
-    from train.probes.tasks import task_sizes
 
     return [f"{key}={'(derived)' if value is None else value}"
             for key, value in task_sizes(task).items()]
@@ -47,7 +53,6 @@ def _size_items(task: str) -> list[str]:
 
 def _config_items(overrides: dict) -> list[str]:
     """ProbeConfig's fields with their defaults; a task's own default is marked `*`."""
-    from train.probes.runner import ProbeConfig
 
     return [f"{field.name}={overrides[field.name]}*" if field.name in overrides
             else f"{field.name}={field.default}" for field in dataclasses.fields(ProbeConfig)]
@@ -68,8 +73,6 @@ def _common_keys(task: str = "TASK") -> str:
 
 def general_help() -> str:
     """`probe --help`: the keys with their defaults, the tasks, the methods."""
-    from train.probes.model import METHODS
-    from train.probes.tasks import TASKS
 
     tasks = []
     for name, task in TASKS.items():
@@ -93,7 +96,6 @@ def general_help() -> str:
 
 def task_help(task: str) -> str:
     """`probe TASK --help`: the task's description, sizes and training keys with defaults."""
-    from train.probes.tasks import TASKS, task_sizes
 
     task_sizes(task)                    # an unknown task: ValueError naming the tasks
     spec = TASKS[task]
@@ -128,8 +130,6 @@ def _parse_value(key: str, text: str, default):
 
 def parse_arguments(argv: list[str]):
     """argv = [TASK, key=value, ...] -> (task, methods, reference, out, ProbeConfig, sizes)."""
-    from train.probes.runner import ProbeConfig
-    from train.probes.tasks import TASKS, task_sizes
 
     if not argv:
         raise ValueError("usage: python -m train probe TASK [key=value ...] (TASK=list lists them)")
@@ -171,7 +171,6 @@ def parse_arguments(argv: list[str]):
 def plot_main(argv: list[str]) -> int:
     """`probe plot PATH ... [out=PNG] [columns=N]`: the per-seed figure of the given results;
     out defaults to per_seed.png in the first folder given (or beside the first file)."""
-    from train.probes.report import find_results, load_result, plot_per_seed
 
     paths, out, columns = [], None, 4
     try:
@@ -205,11 +204,6 @@ def plot_main(argv: list[str]) -> int:
 
 
 def main(argv: list[str]) -> int:
-    from train.core.metrics import progress_line
-    from train.probes.model import METHODS
-    from train.probes.report import format_table, write_outputs
-    from train.probes.runner import run_probe
-    from train.probes.tasks import TASKS, task_sizes
 
     if argv[:1] == ["plot"]:
         if any(flag in argv[1:] for flag in HELP_FLAGS):
