@@ -11,27 +11,14 @@ from jax._src.ad_checkpoint import saved_residuals
 from gdn_jax.ops import api
 from mixer_core import interpret
 from mixer_kernels.mosaic_gpu.gated_delta import vjp
+from tests.mixer_kernels.mosaic_gpu.gated_delta.op_cases import op_arguments
 from tests.seeds import case_seed
 
-BATCH, HEADS, GROUP, DIM = 1, 1, 2, 64
+BATCH, DIM = 1, 64
 
 
 def _inputs(seed, seq_len):
-    rng = np.random.default_rng(seed)
-
-    def unit(shape):
-        x = rng.standard_normal(shape)
-        return jnp.asarray(x / np.linalg.norm(x, axis=-1, keepdims=True), jnp.float32)
-
-    value_heads = HEADS * GROUP
-    args = (unit((BATCH, seq_len, HEADS, DIM)), unit((BATCH, seq_len, HEADS, DIM)),
-            jnp.asarray(rng.standard_normal((BATCH, seq_len, value_heads, DIM)), jnp.float32),
-            jnp.asarray(rng.uniform(-0.3, 0.0, (BATCH, seq_len, value_heads)), jnp.float32),
-            jnp.asarray(rng.uniform(0.0, 1.0, (BATCH, seq_len, value_heads)), jnp.float32),
-            jnp.asarray(0.5 * rng.standard_normal((BATCH, value_heads, DIM, DIM)), jnp.float32))
-    segment_ids = jnp.asarray((np.arange(seq_len) >= seq_len // 3)[None], jnp.int32)
-    d_out = jnp.asarray(rng.standard_normal((BATCH, seq_len, value_heads, DIM)), jnp.float32)
-    return args, segment_ids, d_out
+    return op_arguments(seed, seq_len, dim=DIM, initial_state=True)
 
 
 def _loss(implementation, segment_ids, d_out):

@@ -14,6 +14,7 @@ import pytest
 from mixer_core import interpret
 from gdn_jax.ops import api
 from mixer_kernels.mosaic_gpu.gated_delta import vjp, wy, wy_backward_kernel, wy_kernel
+from tests.mixer_kernels.mosaic_gpu.gated_delta.op_cases import op_arguments
 from tests.seeds import case_seed
 
 
@@ -207,19 +208,7 @@ def test_backward_kernel_lowers_to_mosaic_gpu(dim):
 def test_op_gradients_with_backward_kernel(monkeypatch):
     """gated_delta_rule(implementation="pallas") with INTRA_BACKWARD = "pallas" against the
     token-by-token oracle and the "xla" switch: ragged T, a reset inside a chunk, HV = 2H."""
-    rng = np.random.default_rng(case_seed(360))
-    batch, seq_len, heads, group, dim = 1, 100, 1, 2, 64
-
-    def unit(shape):
-        x = rng.standard_normal(shape)
-        return jnp.asarray(x / np.linalg.norm(x, axis=-1, keepdims=True), jnp.float32)
-
-    args = (unit((batch, seq_len, heads, dim)), unit((batch, seq_len, heads, dim)),
-            jnp.asarray(rng.standard_normal((batch, seq_len, heads * group, dim)), jnp.float32),
-            jnp.asarray(rng.uniform(-0.3, 0.0, (batch, seq_len, heads * group)), jnp.float32),
-            jnp.asarray(rng.uniform(0.0, 1.0, (batch, seq_len, heads * group)), jnp.float32))
-    segment_ids = jnp.asarray((np.arange(seq_len) >= 40)[None], jnp.int32)
-    d_out = jnp.asarray(rng.standard_normal((batch, seq_len, heads * group, dim)), jnp.float32)
+    args, segment_ids, d_out = op_arguments(case_seed(360), 100, boundary=40)
 
     def gradients(implementation, intra_backward):
         monkeypatch.setattr(vjp, "INTRA_BACKWARD", intra_backward)

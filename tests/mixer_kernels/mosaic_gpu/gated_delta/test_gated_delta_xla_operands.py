@@ -10,6 +10,7 @@ import pytest
 from gdn_jax.ops import api
 from mixer_core import interpret
 from mixer_kernels.mosaic_gpu.gated_delta import vjp
+from tests.mixer_kernels.mosaic_gpu.gated_delta.op_cases import op_arguments
 from tests.seeds import case_seed
 
 SPECS = {   # the op's products: spec, shapes of a and b
@@ -54,19 +55,8 @@ def test_16_bit_operands_stay_at_the_bf16_bar(monkeypatch):
     """bf16 inputs, ragged T over 3 chunks, a reset, HV = 2H: output and gradients within 1e-2
     of the float32 oracle on the same rounded inputs, and within 2x the float32-operand error
     (or 3e-3)."""
-    rng = np.random.default_rng(case_seed(395))
-    batch, seq_len, heads, group, dim = 1, 150, 1, 2, 64
-
-    def unit(shape):
-        x = rng.standard_normal(shape)
-        return jnp.asarray(x / np.linalg.norm(x, axis=-1, keepdims=True), jnp.bfloat16)
-
-    args = (unit((batch, seq_len, heads, dim)), unit((batch, seq_len, heads, dim)),
-            jnp.asarray(rng.standard_normal((batch, seq_len, heads * group, dim)), jnp.bfloat16),
-            jnp.asarray(rng.uniform(-0.3, 0.0, (batch, seq_len, heads * group)), jnp.float32),
-            jnp.asarray(rng.uniform(0.0, 1.0, (batch, seq_len, heads * group)), jnp.bfloat16))
-    segment_ids = jnp.asarray((np.arange(seq_len) >= 70)[None], jnp.int32)
-    d_out = jnp.asarray(rng.standard_normal((batch, seq_len, heads * group, dim)), jnp.float32)
+    args, segment_ids, d_out = op_arguments(case_seed(395), 150, dtype=jnp.bfloat16,
+                                            boundary=70)
 
     def run(implementation, arrays, operands="float32"):
         monkeypatch.setattr(vjp, "XLA_OPERANDS", operands)
