@@ -8,7 +8,7 @@ from pathlib import Path
 from train.core.presets import load_config
 from train.core.runs import default_run_dir
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def spectralshift_section() -> str:
