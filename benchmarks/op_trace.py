@@ -173,11 +173,13 @@ def main():
         from mixer_kernels.mosaic_gpu.attention import backward
         schedule = (args.overlap in ("dq", "both"), args.overlap in ("dkv", "both"))
         backward.OVERLAP = {mode: schedule for mode in backward.OVERLAP}
-    from mixer_kernels.mosaic_gpu.gated_delta import vjp
-    for name, value in (("INTRA_BACKWARD", args.intra_backward), ("RESIDUALS", args.residuals),
-                        ("XLA_OPERANDS", args.xla_operands)):
-        if value is not None:
-            setattr(vjp, name, value)
+    gdn_switches = {"INTRA_BACKWARD": args.intra_backward, "RESIDUALS": args.residuals,
+                    "XLA_OPERANDS": args.xla_operands}
+    if any(value is not None for value in gdn_switches.values()):
+        from mixer_kernels.mosaic_gpu.gated_delta import vjp
+        for name, value in gdn_switches.items():
+            if value is not None:
+                setattr(vjp, name, value)
     regimes = args.fields.split(",") if args.op == "fpa" else [args.fields]
     for text in args.shape:
         shape = tuple(int(n) for n in text.split(","))

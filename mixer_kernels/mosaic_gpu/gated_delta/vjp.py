@@ -134,8 +134,7 @@ def _product(spec, a, b, operands):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3))
 def _product_16(spec, operands, a_dtype, b_dtype, a, b):
-    return jnp.einsum(spec, a.astype(operands), b.astype(operands),
-                      preferred_element_type=jnp.float32)
+    return _product_16_fwd(spec, operands, a_dtype, b_dtype, a, b)[0]
 
 
 def _product_16_fwd(spec, operands, a_dtype, b_dtype, a, b):
