@@ -51,13 +51,16 @@ INTRA_BACKWARD = "pallas"
 # state gradients): "float32" casts the 16-bit W, P and q up and multiplies in float32 (TF32 on
 # the GPU by XLA's default precision); "16-bit" rounds the float32 states, U - W S and the
 # cotangents to the kernels' operand dtype and accumulates in float32, as the kernels do (and
-# fla's output kernels). Read when the op is traced.
+# fla's output kernels). Read when the op is traced. On the H200 "16-bit" takes 5% off the op's
+# device time and nothing measurable off the gdn_125m step, for a larger bf16 error
+# (docs/benchmarks.md, "Two switches"), so float32 is the default.
 XLA_OPERANDS = "float32"
 
 # What the op keeps for its backward pass: "internals" keeps the chunk-major W, Kw, P (16-bit),
 # U and the entering states (float32), 168 MiB per GDN layer at (8, 2048, 12 heads of 64);
 # "inputs" keeps only the op's inputs and runs the WY kernel and the forward state kernel again
-# at the start of the backward pass, the trade fla makes. Read when the op is traced.
+# at the start of the backward pass, the trade fla makes. Read when the op is traced. On the
+# H200 "inputs" did not lower the gdn_125m step's allocator peak (docs/benchmarks.md).
 RESIDUALS = "internals"
 
 
