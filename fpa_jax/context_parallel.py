@@ -59,6 +59,7 @@ from fpa_jax.fpa import checks
 from fpa_jax.fpa.blocks import BIG
 from fpa_jax.fpa.padding import pad_time
 
+RING_BLOCK = 64         # query rows per tile (block_size) unless the caller sets it
 MASKED_LOGIT = -1e30   # finite, so fully masked rows (wrapped blocks) stay NaN-free; their merge
                        # weight exp(MASKED_LOGIT - lse) is exactly 0
 
@@ -224,7 +225,7 @@ def _check_common(q, k, v, segment_ids, block_size):
 
 
 def ring_fpa_attention(q, k, v, phi, psi, beta, *, axis_name, scale=None, tau=1.0,
-                       segment_ids=None, query_level=False, content=True, block_size=64):
+                       segment_ids=None, query_level=False, content=True, block_size=RING_BLOCK):
     """FPA attention with T split over mesh axis `axis_name` (call inside `shard_map`).
 
     Same result and gradients as `fpa_jax.fpa_attention` on the whole sequence. Arguments are
@@ -266,7 +267,7 @@ def ring_fpa_attention(q, k, v, phi, psi, beta, *, axis_name, scale=None, tau=1.
 
 
 def ring_fox_attention(q, k, v, log_forget, *, axis_name, scale=None, segment_ids=None,
-                       block_size=64):
+                       block_size=RING_BLOCK):
     """FoX attention with T split over mesh axis `axis_name` (call inside `shard_map`).
 
     Same result and gradients as `fpa_jax.fox_attention` on the whole sequence; log_forget

@@ -20,7 +20,8 @@ document start as `fpa_jax.fields` does: the offset is constant inside a documen
 in every same-document gap R_ts - psi_s (and in the soft minimum), and the bias is unchanged.
 
 The ring attention ops have one (XLA) path: `implementation` is accepted, so that the forms
-take their ops' arguments, and ignored. check_vma=False for the reasons given in
+take their ops' arguments, and ignored; `block_size` is the ring's query tile (RING_BLOCK
+rows unless the layer sets it). check_vma=False for the reasons given in
 mixer_core/shard.py.
 
 These forms sit with the ops, not in mixer_core: they call the ops' ring functions.
@@ -30,42 +31,45 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from fpa_jax.context_parallel import context_parallel_fields, ring_fox_attention, ring_fpa_attention
+from fpa_jax.context_parallel import (RING_BLOCK, context_parallel_fields, ring_fox_attention,
+                                     ring_fpa_attention)
 from mixer_core import shard
 from mixer_core.shard import CONTEXT_AXIS
 
 
 def fpa_attention(q, k, v, delta, g, h, beta, *, scale, tau, segment_ids, query_level,
-                  content, implementation=None):
+                  content, implementation=None, block_size=RING_BLOCK):
     """FPA attention from the walk's inputs delta, g, h [B, T, H] (beta [H]), T over the ring."""
     def local(q, k, v, delta, g, h, beta, segment_ids=None):
         phi, psi = context_parallel_fields(delta, g, h, axis_name=CONTEXT_AXIS)
         return ring_fpa_attention(q, k, v, phi, psi, beta, axis_name=CONTEXT_AXIS, scale=scale,
                                   tau=tau, segment_ids=segment_ids, query_level=query_level,
-                                  content=content)
+                                  content=content, block_size=block_size)
 
     return shard.shard_over_context(local, q, k, v, delta, g, h, beta,
                                     layouts=shard.FPA_WALK_LAYOUTS, segment_ids=segment_ids)
 
 
-def fox_attention(q, k, v, log_forget, *, scale, segment_ids, implementation=None):
+def fox_attention(q, k, v, log_forget, *, scale, segment_ids, implementation=None,
+                  block_size=RING_BLOCK):
     """FoX attention (log_forget [B, T, H]) with T over the ring."""
     def local(q, k, v, log_forget, segment_ids=None):
         return ring_fox_attention(q, k, v, log_forget, axis_name=CONTEXT_AXIS, scale=scale,
-                                  segment_ids=segment_ids)
+                                  segment_ids=segment_ids, block_size=block_size)
 
     return shard.shard_over_context(local, q, k, v, log_forget, layouts=shard.FOX_LAYOUTS,
                                     segment_ids=segment_ids)
 
 
-def softmax_attention(q, k, v, *, scale, segment_ids, alibi_slopes=None, implementation=None):
+def softmax_attention(q, k, v, *, scale, segment_ids, alibi_slopes=None, implementation=None,
+                      block_size=RING_BLOCK):
     """Causal softmax attention (ALiBi when alibi_slopes [H] is given) with T over the ring."""
     slopes = jnp.zeros(q.shape[2:3], jnp.float32) if alibi_slopes is None else alibi_slopes
 
     def local(q, k, v, slopes, segment_ids=None):
         log_forget = jnp.broadcast_to(-slopes.astype(jnp.float32), q.shape[:3])
         return ring_fox_attention(q, k, v, log_forget, axis_name=CONTEXT_AXIS, scale=scale,
-                                  segment_ids=segment_ids)
+                                  segment_ids=segment_ids, block_size=block_size)
 
     return shard.shard_over_context(local, q, k, v, slopes,
                                     layouts=shard.SOFTMAX_LAYOUTS + ("H",),

@@ -109,6 +109,20 @@ def check_implementation(module) -> None:
         raise ValueError(f"{type(module).__name__}: {error}") from None
 
 
+def check_block_size(module) -> None:
+    """`module.block_size`: None (the op's default) or a positive multiple of 8."""
+    size = module.block_size
+    if size is not None:
+        check_positive_int(type(module).__name__, "block_size", size)
+        if size % 8:
+            raise ValueError(f"{type(module).__name__}: block_size must be a multiple of 8, got {size}")
+
+
+def block_options(module) -> dict:
+    """{"block_size": module.block_size} when it is set, else {} (the op's own default)."""
+    return {} if module.block_size is None else {"block_size": module.block_size}
+
+
 def check_common(module) -> None:
     layer = type(module).__name__
     check_positive_int(layer, "num_heads", module.num_heads)

@@ -40,6 +40,7 @@ class FoXAttention(nn.Module):
     dtype: Dtype = jnp.float32
     param_dtype: Dtype = jnp.float32
     implementation: str | None = None
+    block_size: int | None = None    # the op's block (None: its default), as FPAAttention's
 
     @property
     def op_name(self) -> str:
@@ -52,6 +53,7 @@ class FoXAttention(nn.Module):
         layer = type(self).__name__
         common.check_common(self)
         common.check_forget_init_range(layer, self.forget_init_range)
+        common.check_block_size(self)
         common.check_inputs(layer, x, segment_ids, positions)
 
         q, k, v = common.head_projections(self, x, ("query", "key", "value"))
@@ -63,5 +65,5 @@ class FoXAttention(nn.Module):
         out = shard.ring_or_shard(
             fox_attention, context_shard.fox_attention, q, k, v, log_forget,
             layouts=shard.FOX_LAYOUTS, scale=scale, segment_ids=segment_ids,
-            implementation=self.implementation)
+            implementation=self.implementation, **common.block_options(self))
         return common.output_projection(self, out, x.shape[-1])

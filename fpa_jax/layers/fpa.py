@@ -61,6 +61,9 @@ class FPAAttention(nn.Module):
       use_bias      False: plain causal softmax attention without positions (NoPE) and no
                     bias parameters -- the "bias off in the first layer" setting.
       tau           temperature of the straight-through soft minimum used for the gradient.
+      block_size    the op's block (None: its default; a positive multiple of 8): the key
+                    block of the "xla" paths and the query tile of the ring (mesh.context > 1);
+                    the GPU kernels keep their own. Not with dip_sum (a dense op).
 
     Initialisation (chosen so that FPA starts as FoX with a constant per-head forget gate):
       * W_delta = 0 and c_delta = log f_h with f_h spread geometrically over
@@ -96,6 +99,7 @@ class FPAAttention(nn.Module):
     dtype: Dtype = jnp.float32
     param_dtype: Dtype = jnp.float32
     implementation: str | None = None
+    block_size: int | None = None
 
     @property
     def op_name(self) -> str:
@@ -106,6 +110,10 @@ class FPAAttention(nn.Module):
         layer = type(self).__name__
         common.check_common(self)
         common.check_positive_float(layer, "tau", self.tau)
+        common.check_block_size(self)
+        if self.use_bias and self.dip_sum and self.block_size is not None:
+            raise ValueError(f"{layer}: block_size does not apply to dip_sum=True (a dense op), "
+                             f"got {self.block_size}")
         common.check_forget_init_range(layer, self.forget_init_range)
         if not self.use_bias and not self.content:
             raise ValueError(f"{layer}: use_bias=False with content=False leaves no attention logits")
@@ -128,7 +136,7 @@ class FPAAttention(nn.Module):
             out = shard.ring_or_shard(
                 softmax_attention, context_shard.softmax_attention, q, k, v,
                 layouts=shard.SOFTMAX_LAYOUTS, scale=scale, segment_ids=segment_ids,
-                implementation=self.implementation)
+                implementation=self.implementation, **common.block_options(self))
             return common.output_projection(self, out, x.shape[-1])
 
         if self.content:
@@ -163,7 +171,7 @@ class FPAAttention(nn.Module):
                 fpa_attention_of_walk, context_shard.fpa_attention, q, k, v, delta, g, h, beta,
                 layouts=shard.FPA_WALK_LAYOUTS, scale=scale, tau=self.tau,
                 segment_ids=segment_ids, implementation=self.implementation,
-                query_level=self.query_level, content=self.content)
+                query_level=self.query_level, content=self.content, **common.block_options(self))
         return common.output_projection(self, out, x.shape[-1])
 
 

@@ -42,6 +42,7 @@ class SoftmaxAttention(nn.Module):
     dtype: Dtype = jnp.float32
     param_dtype: Dtype = jnp.float32
     implementation: str | None = None
+    block_size: int | None = None    # the op's block (None: its default), as FPAAttention's
 
     @property
     def op_name(self) -> str:
@@ -50,6 +51,7 @@ class SoftmaxAttention(nn.Module):
 
     @nn.compact
     def __call__(self, x, *, segment_ids=None, positions=None):
+        common.check_block_size(self)
         if self.rope_scaling is None:
             q, k, v = common.checked_rope_projections(self, x, segment_ids, positions, POSITIONS)
         else:
@@ -59,7 +61,7 @@ class SoftmaxAttention(nn.Module):
         out = shard.ring_or_shard(
             softmax_attention, context_shard.softmax_attention, q, k, v,
             layouts=shard.SOFTMAX_LAYOUTS, scale=scale, segment_ids=segment_ids,
-            alibi_slopes=slopes, implementation=self.implementation)
+            alibi_slopes=slopes, implementation=self.implementation, **common.block_options(self))
         return common.output_projection(self, out, x.shape[-1])
 
 

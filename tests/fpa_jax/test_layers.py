@@ -441,6 +441,10 @@ def test_position_choices_differ():
     (lambda: SoftmaxAttention(2, 4, implementation="cudnn"), UnsupportedImplementationError,
      "cannot run 'cudnn' here: needs a GPU"),
     (lambda: FoXAttention(2, 4, implementation="fast"), ValueError, "implementation"),
+    (lambda: FPAAttention(2, 4, block_size=12), ValueError, "block_size must be a multiple of 8"),
+    (lambda: FoXAttention(2, 4, block_size=0), ValueError, "block_size"),
+    (lambda: SoftmaxAttention(2, 4, block_size=16.0), TypeError, "block_size"),
+    (lambda: FPAAttention(2, 4, dip_sum=True, block_size=16), ValueError, "dip_sum"),
 ])
 def test_bad_constructor_arguments_raise(make, error, message):
     with pytest.raises(error, match=message):

@@ -61,6 +61,8 @@ class AttentionConfig:
     yarn_factor: float = 0.0       # 0: off; else YaRN RoPE scaling by this factor (softmax, rope)
     yarn_original_length: int = 0  # YaRN's original context (the length trained without it)
     implementation: str | None = None
+    block_size: int | None = None  # fpa, fox, softmax: the op's block (None: its default; a
+                                   # multiple of 8): "xla" key block, ring query tile
     no_bias_layers: tuple[int, ...] = ()   # FPA layers (0-based model layer index) without bias
     # FPA variants (docs/fpa.md, "Special cases")
     stack_form: bool = False

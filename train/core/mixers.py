@@ -10,8 +10,8 @@ attention.kind, G is gdn (`layer_kinds`). What the trainer knows of a kind, it a
                      the Flax mixer, called as mixer(x [B, T, D], *, segment_ids, positions)
     op_name(config, layer_index)
                      the op that mixer calls; `implementation` is checked against its registry
-    options          attention fields only this kind reads (others must leave them at their
-                     defaults)
+    options          attention fields this kind reads beyond the common ones (a kind whose
+                     options do not name a field must leave it at its default)
     check(config)    ConfigError naming the key for an impossible setting of its options
     check_context(config)
                      the same with mesh.context > 1; None: the kind has no context-parallel path
@@ -102,20 +102,26 @@ def _build_fpa(config: Config, layer_index: int, **common) -> nn.Module:
     return layers.FPAAttention(stack_form=a.stack_form, key_level=a.key_level,
                                query_level=a.query_level, content=a.content, dip_sum=a.dip_sum,
                                tau=a.tau, use_bias=layer_index not in a.no_bias_layers,
-                               **_attention_fields(config), **common)
+                               block_size=a.block_size, **_attention_fields(config), **common)
 
 
 def _build_softmax(config: Config, layer_index: int, **common) -> nn.Module:
     a = config.attention
     scaling = YarnScaling(a.yarn_factor, a.yarn_original_length) if a.yarn_factor else None
     return layers.SoftmaxAttention(position=a.position, rope_base=a.rope_base,
-                                   rope_scaling=scaling, **_attention_fields(config), **common)
+                                   rope_scaling=scaling, block_size=a.block_size,
+                                   **_attention_fields(config), **common)
 
 
 def _build_selective(config: Config, layer_index: int, **common) -> nn.Module:
     a = config.attention
     return layers.SelectiveAttention(position=a.position, rope_base=a.rope_base,
                                      **_attention_fields(config), **common)
+
+
+def _build_fox(config: Config, layer_index: int, **common) -> nn.Module:
+    return layers.FoXAttention(block_size=config.attention.block_size,
+                               **_attention_fields(config), **common)
 
 
 def _builder(layer_class: type[nn.Module]) -> Callable[..., nn.Module]:
@@ -132,10 +138,26 @@ def _check_position(allowed: tuple[str, ...]) -> Callable[[Config], None]:
     return check
 
 
+def _check_block_size(config: Config) -> None:
+    size = config.attention.block_size
+    require(size is None or (size > 0 and size % 8 == 0),
+            f"attention.block_size must be unset (the op's default) or a positive multiple of 8, "
+            f"got {size}")
+
+
+def _check_fox(config: Config) -> None:
+    _check_position(("nope",))(config)
+    _check_block_size(config)
+
+
 def _check_fpa(config: Config) -> None:
     a, m = config.attention, config.model
     _check_position(("nope",))(config)
+    _check_block_size(config)
     require(a.tau > 0, f"attention.tau must be > 0, got {a.tau}")
+    require(not (a.dip_sum and a.block_size is not None),
+            f"attention.block_size={a.block_size} does not apply to attention.dip_sum "
+            f"(a dense op); leave it unset")
     if a.no_bias_layers:
         require(a.content, "attention.no_bias_layers with attention.content=false leaves those "
                            "layers no attention logits (no bias, no q.k)")
@@ -151,6 +173,7 @@ def _check_fpa(config: Config) -> None:
 def _check_softmax(config: Config) -> None:
     a = config.attention
     _check_position(SOFTMAX_POSITIONS)(config)
+    _check_block_size(config)
     if a.yarn_factor:
         require(a.position == "rope",
                 f"attention.yarn_factor needs attention.kind='softmax' with position='rope', "
@@ -302,11 +325,11 @@ MIXERS: Mapping[str, MixerSpec] = MappingProxyType({
             dip_sum=config.attention.dip_sum),
         _check_fpa, flops=_fpa_flops, ring=True, decodes=True,
         options=("stack_form", "key_level", "query_level", "content", "dip_sum", "tau",
-                 "no_bias_layers")),
-    "fox": _attention("FoX", _builder(layers.FoXAttention), "fox_attention",
-                      _check_position(("nope",)), ring=True, decodes=True),
+                 "no_bias_layers", "block_size")),
+    "fox": _attention("FoX", _build_fox, "fox_attention", _check_fox, ring=True, decodes=True,
+                      options=("block_size",)),
     "softmax": _attention("softmax", _build_softmax, "softmax_attention", _check_softmax,
-                          ring=True, decodes=True, options=("yarn_factor",)),
+                          ring=True, decodes=True, options=("yarn_factor", "block_size")),
     "selective": _attention("selective", _build_selective, "selective_attention",
                             _check_position(SELECTIVE_POSITIONS)),
     "dcp": _attention("DCP", _builder(layers.DCPAttention), "dcp_attention",

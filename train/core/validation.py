@@ -118,14 +118,18 @@ def validate(config: Config) -> None:
 
 
 def _check_foreign_options(config: Config) -> None:
-    """Attention options that another kind owns keep their defaults."""
+    """Attention options that only other kinds read keep their defaults."""
     a, defaults = config.attention, AttentionConfig()
+    own = MIXERS[a.kind].options if a.kind in MIXERS else ()
     for kind in ATTENTION_KINDS:
         spec = MIXERS[kind]
-        changed = [name for name in spec.options if getattr(a, name) != getattr(defaults, name)]
-        _require(kind == a.kind or not changed,
+        changed = [name for name in spec.options
+                   if name not in own and getattr(a, name) != getattr(defaults, name)]
+        readers = tuple(k for k in ATTENTION_KINDS if set(changed) & set(MIXERS[k].options))
+        which = f"={readers[0]!r}" if len(readers) == 1 else f" in {readers}"
+        _require(not changed,
                  f"attention.{', attention.'.join(changed)} only appl"
-                 f"{'ies' if len(changed) == 1 else 'y'} to attention.kind={kind!r} "
+                 f"{'ies' if len(changed) == 1 else 'y'} to attention.kind{which} "
                  f"({spec.title} options: {', '.join(spec.options)}), got kind={a.kind!r}")
 
 

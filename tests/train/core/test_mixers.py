@@ -2,6 +2,7 @@
 that agree with the layers they describe, and validation that asks the table."""
 
 import dataclasses
+import re
 
 import jax
 import jax.numpy as jnp
@@ -75,9 +76,14 @@ def test_decoding_exactly_where_a_cache_exists():
     ("fpa", ["mesh.context=2", "attention.dip_sum=true"], "attention.dip_sum"),
     ("fox", ["mesh.context=2", "attention.implementation=reference"], "attention.implementation"),
     ("gdn", ["gdn.implementation=fast"], "gdn.implementation"),
+    ("fpa", ["attention.block_size=12"], "attention.block_size"),
+    ("softmax", ["attention.block_size=-8"], "attention.block_size"),
+    ("fpa", ["attention.dip_sum=true", "attention.block_size=16"], "attention.block_size"),
+    ("selective", ["attention.block_size=16"],
+     "attention.block_size only applies to attention.kind in ('fpa', 'fox', 'softmax')"),
 ])
 def test_validation_errors_name_the_key(kind, overrides, key):
-    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+    with pytest.raises(ConfigError, match=re.escape(key)):
         config_of(kind, *overrides)
 
 
@@ -92,3 +98,24 @@ def test_an_unknown_kind_is_named_by_validation_and_by_the_builder():
                                                                           kind="mamba"))
     with pytest.raises(ValueError, match="attention.kind: unknown 'mamba'"):
         build_mixer(unchecked, 0, None)
+
+
+@pytest.mark.parametrize("kind", ["fpa", "fox", "softmax"])
+def test_attention_block_size_reaches_the_op(kind, monkeypatch):
+    """attention.block_size goes from the config to the layer's op call (ring or not); unset,
+    the op keeps its own default."""
+    from mixer_core import shard
+    calls = []
+
+    def spy(op, ring, *arrays, **kwargs):
+        calls.append(kwargs)
+        return jnp.zeros_like(arrays[2])                   # v [B, T, H, Dv]
+
+    monkeypatch.setattr(shard, "ring_or_shard", spy)
+    x = jnp.zeros((1, 4, config_of(kind).model.d_model))
+    for overrides, want in ([["attention.block_size=16"], 16], [[], None]):
+        mixer = build_mixer(config_of(kind, *overrides), 0, None)
+        assert mixer.block_size == want
+        calls.clear()
+        jax.eval_shape(mixer.init, jax.random.PRNGKey(0), x)
+        assert [call.get("block_size") for call in calls] == [want], overrides

@@ -10,6 +10,7 @@ FPA + GDN model ("GA") and a FoX model, float32, on data 1 x fsdp 2 x tensor 1 x
   * the program really takes the context-parallel path: the traced step has a `ppermute`, a
     shard_map whose body sees T / 4 = 8 tokens, and per-token activations constrained along
     "context" (the equality alone would also hold if everything were gathered);
+  * attention.block_size (set in the FoX case) reaches the ring forms;
   * softmax attention with ALiBi through the FoX ring (the path of the softmax layer and of
     FPA's no-bias layers) equals the dense op, values and gradients.
 The config checks run in process; the 8-device checks in one subprocess (tests/devices.py).
@@ -81,7 +82,7 @@ SCRIPT = textwrap.dedent("""
     out = {}
     # FPA with query levels: a bias-free first layer (the softmax ring), a biased second one
     variant = ["attention.query_level=true", "attention.no_bias_layers=[0]"]
-    for name, kind, pattern, extra in [("fpa_gdn", "fpa", "GA", ()), ("fox", "fox", "A", ()),
+    for name, kind, pattern, extra in [("fpa_gdn", "fpa", "GA", ()), ("fox", "fox", "A", ("attention.block_size=8",)),
                                        ("fpa_variant", "fpa", "AA", variant)]:
         want_grads, want_losses, _ = run(config(kind, pattern, 1, extra),   # its program: unread
                                          make_mesh((1, 2, 1), jax.devices()[:2]), trace=False)
