@@ -2,14 +2,15 @@
 
     python benchmarks/compile_profile.py fpa_125m softmax_rope_125m [--context 2048]
         [--batch-size 8] [--layers N] [--cprofile fpa_125m] [--out DIR]
-        [--field-passes by_level|all_levels]
+        [--field-passes by_level|all_levels] [--scan-layers]
 
 For each preset (random tokens, as `python -m train bench`): seconds spent tracing the jitted
 train step to a jaxpr, lowering it to StableHLO (Pallas / Mosaic GPU kernels are lowered to
 their MLIR here, in Python), and compiling it (XLA passes, the kernels' own compile and ptxas);
 the number of custom calls in the lowered module by target. `--cprofile NAME` runs trace +
 lower of that preset under cProfile and writes the 40 costliest functions (cumulative) to
-DIR/compile_cprofile_NAME.txt. Prints a table last and writes DIR/compile_profile.json.
+DIR/compile_cprofile_NAME.txt. `--scan-layers` sets model.scan_layers (the blocks as one
+lax.scan over the pattern's repeats). Prints a table last and writes DIR/compile_profile.json.
 """
 
 import argparse
@@ -40,8 +41,9 @@ def custom_calls(text):
     return dict(collections.Counter(re.findall(r"stablehlo\.custom_call @([\w.]+)", text)))
 
 
-def profile_preset(name, context, batch_size, layers, cprofile_out=None):
-    overrides = [f"data.seq_len={context}", f"data.batch_size={batch_size}"]
+def profile_preset(name, context, batch_size, layers, cprofile_out=None, scan_layers=False):
+    overrides = [f"data.seq_len={context}", f"data.batch_size={batch_size}",
+                 f"model.scan_layers={str(scan_layers).lower()}"]
     if layers:
         overrides.append(f"model.num_layers={layers}")
     config = load_config(name, overrides)
@@ -49,7 +51,7 @@ def profile_preset(name, context, batch_size, layers, cprofile_out=None):
     session = build_session(config, vocab)
     local = random_batch(config, vocab)
     result = {"preset": name, "context": context, "batch_size": batch_size,
-              "layers": config.model.num_layers}
+              "layers": config.model.num_layers, "scan_layers": scan_layers}
     with mesh_context(session.mesh):
         batch = to_global(session, local)
         state = session.init_state()
@@ -90,6 +92,7 @@ def main():
     parser.add_argument("--layers", type=int, default=0, help="override model.num_layers")
     parser.add_argument("--cprofile", default="", help="preset to run under cProfile")
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
+    parser.add_argument("--scan-layers", action="store_true", help="set model.scan_layers")
     field_passes_option.add(parser)
     args = parser.parse_args()
     field_passes_option.apply(args)
@@ -97,16 +100,17 @@ def main():
     for name in args.presets:
         out = (os.path.join(args.out, f"compile_cprofile_{name}.txt")
                if name == args.cprofile else None)
-        result = profile_preset(name, args.context, args.batch_size, args.layers, out)
+        result = profile_preset(name, args.context, args.batch_size, args.layers, out,
+                                args.scan_layers)
         print(json.dumps(result), flush=True)
         results.append(result)
     with open(os.path.join(args.out, "compile_profile.json"), "w") as f:
         json.dump(results, f, indent=1)
-    print(f"\n{'preset':22s} {'layers':>6s} {'trace s':>8s} {'lower s':>8s} {'compile s':>9s} "
+    print(f"\n{'preset':22s} {'layers':>6s} {'scan':>5s} {'trace s':>8s} {'lower s':>8s} {'compile s':>9s} "
           f"{'total s':>8s}  custom calls")
     for r in results:
         calls = ", ".join(f"{k} {c}" for k, c in r["custom_calls"].items())
-        print(f"{r['preset']:22s} {r['layers']:6d} {r['trace_s']:8.1f} {r['lower_s']:8.1f} "
+        print(f"{r['preset']:22s} {r['layers']:6d} {str(r['scan_layers']):>5s} {r['trace_s']:8.1f} {r['lower_s']:8.1f} "
               f"{r['compile_s']:9.1f} {r['total_s']:8.1f}  {calls}")
 
 

@@ -44,6 +44,8 @@ class ModelConfig:
     dtype: str = "float32"         # compute dtype
     param_dtype: str = "float32"
     remat: bool = False            # rematerialise each block in the backward pass
+    scan_layers: bool = False      # run the blocks as one lax.scan over the pattern's repeats
+                                   # (one compiled period; train/core/model.py)
     moe_experts: int = 0           # 0: dense SwiGLU FFN; > 0: every FFN is a MoE (train/core/moe.py)
     moe_top_k: int = 2             # experts per token
     moe_expert_dim: int = 0        # hidden width of each expert; 0: mlp_dim

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 from fpa_jax import layers
 from train.core.config import Config
 from train.core.mixers import layer_spec
-from train.core.moe import MoEFeedForward
+from train.core.moe import AUX_COLLECTION, MoEFeedForward
 from train.core.sharding import activation_rules
 
 ACTIVATION_AXES = ("batch", "length", "embed")
@@ -136,8 +136,12 @@ class LanguageModel(nn.Module):
         x = constrain(embedding(tokens), ACTIVATION_AXES)
         positions = positions_within_documents(segment_ids)
         block_class = nn.remat(Block) if m.remat else Block
-        for index in range(m.num_layers):
-            x = block_class(self.config, index, name=f"layers_{index}")(x, segment_ids, positions)
+        if m.scan_layers and not self.is_initializing():
+            x = self._scanned_blocks(x, segment_ids, positions)
+        else:
+            for index in range(m.num_layers):
+                x = block_class(self.config, index, name=f"layers_{index}")(x, segment_ids,
+                                                                            positions)
         x = rms_norm(m.norm_eps, dtype, param_dtype, name="final_norm")(x)
         if m.tie_embeddings:
             logits = embedding.attend(x)
@@ -147,6 +151,38 @@ class LanguageModel(nn.Module):
                                   nn.initializers.normal(m.init_std), ("embed", "vocab")),
                               name="lm_head")(x)
         return constrain(logits.astype(jnp.float32), LOGIT_AXES)
+
+
+    def _scanned_blocks(self, x, segment_ids, positions):
+        """The blocks as one `lax.scan` over the pattern's repeats (model.scan_layers): each
+        step applies one period of the pattern (len(model.pattern) blocks) with that repeat's
+        parameters, stacked from the usual per-layer tree `layers_{i}`, so XLA compiles one
+        period's program however deep the model is. The same function as the loop (no
+        attention.no_bias_layers: every repeat must build the same blocks); MoE layers' sown
+        auxiliary terms are summed over the repeats and sown once."""
+        m = self.config.model
+        period = len(m.pattern)
+        blocks = [Block(self.config, j) for j in range(period)]
+        params = self.variables["params"]
+        stacked = [jax.tree.map(lambda *leaves: jnp.stack(leaves),
+                                *(params[f"layers_{r * period + j}"]
+                                  for r in range(m.num_layers // period)))
+                   for j in range(period)]
+
+        def one_period(carry, period_params):
+            x, aux = carry
+            for block, block_params in zip(blocks, period_params):
+                x, state = block.apply({"params": block_params}, x, segment_ids, positions,
+                                       mutable=[AUX_COLLECTION])
+                aux = aux + sum(jax.tree.leaves(state.get(AUX_COLLECTION, {})), jnp.float32(0))
+            return (x, aux), None
+
+        step = jax.checkpoint(one_period) if m.remat else one_period
+        aux = jnp.zeros(segment_ids.shape, jnp.float32)
+        (x, aux), _ = jax.lax.scan(step, (x, aux), stacked)
+        if m.moe_experts:
+            self.sow(AUX_COLLECTION, "load_balancing", aux)
+        return x
 
 
 def resolve_vocab_size(config: Config, tokenizer_vocab_size: int) -> int:

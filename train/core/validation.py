@@ -74,6 +74,9 @@ def validate(config: Config) -> None:
                  f"model.moe_expert_dim, moe_capacity_factor and moe_aux_loss_coef must be >= 0, "
                  f"got {m.moe_expert_dim}, {m.moe_capacity_factor}, {m.moe_aux_loss_coef}")
     _require(m.moe_experts >= 0, f"model.moe_experts must be >= 0, got {m.moe_experts}")
+    _require(not (m.scan_layers and a.no_bias_layers),
+             f"model.scan_layers needs every repeat of model.pattern to build the same blocks; "
+             f"attention.no_bias_layers={list(a.no_bias_layers)} makes them differ")
 
     _require(a.kind in ATTENTION_KINDS,
              f"attention.kind must be one of {ATTENTION_KINDS}, got {a.kind!r}")

@@ -91,6 +91,7 @@ def test_unknown_keys_and_wrong_types_are_named(overrides, message):
     (["attention.no_bias_layers=[0]", "attention.content=false"], "no attention logits"),
     (["model.pattern=GA", "attention.no_bias_layers=[0]"], "gdn layer"),
     (["attention.kind=fox", "attention.stack_form=true"], "FPA options"),
+    (["model.scan_layers=true", "attention.no_bias_layers=[0]"], "scan_layers"),
     (["optim.alpha_lr_scale=0.5"], "GatedDeltaNet"),
     (["model.pattern=G", "gdn.num_heads=4", "gdn.num_v_heads=6"], "num_v_heads"),
     (["optim.name=lion"], "optim.name"),

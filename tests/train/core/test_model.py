@@ -141,3 +141,35 @@ def test_forward_rejects_bad_inputs():
         model.init(jax.random.PRNGKey(0), tokens, jnp.ones((2, 7), jnp.int32))
     with pytest.raises(TypeError, match="integer"):
         model.init(jax.random.PRNGKey(0), tokens.astype(jnp.float32), jnp.ones_like(tokens))
+
+
+@pytest.mark.parametrize("overrides", [
+    ["model.num_layers=4", "model.pattern=GA", "attention.kind=fox"],   # two repeats of G, A
+    pytest.param(["model.num_layers=2", "model.moe_experts=4", "model.remat=true",
+                  "attention.kind=softmax", "attention.position=rope"], marks=pytest.mark.slow),
+])
+def test_scanned_layers_are_the_same_function(overrides):
+    """model.scan_layers: the blocks as one lax.scan over the pattern's repeats give the loop's
+    logits, auxiliary loss and gradients (the parameter tree is the loop's)."""
+    from train.core.moe import apply_with_auxiliary_loss
+    rng = np.random.default_rng(3)
+    tokens = jnp.asarray(rng.integers(0, VOCAB, (2, 8)), jnp.int32)
+    segments = jnp.ones_like(tokens).at[1, 5:].set(2)
+    results = []
+    for scan in ("false", "true"):
+        model = build_model(tiny(*overrides, f"model.scan_layers={scan}"), VOCAB)
+        params = jax.jit(model.init)(jax.random.PRNGKey(0), tokens, segments)["params"]
+
+        def loss(params):
+            logits, aux = apply_with_auxiliary_loss(model, params, tokens, segments)
+            return jnp.mean(jax.nn.logsumexp(logits, -1)) + jnp.mean(aux), (logits, aux)
+
+        (_, (logits, aux)), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
+        text = str(jax.make_jaxpr(lambda p: model.apply({"params": p}, tokens, segments))(params))
+        results.append((logits, aux, grads, text.count("dot_general")))
+    (logits, aux, grads, products), (logits_s, aux_s, grads_s, products_s) = results
+    assert products_s < products      # one period's program, not one per layer
+    np.testing.assert_allclose(logits_s, logits, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(aux_s, aux, rtol=1e-5, atol=1e-7)
+    assert float(jnp.max(jnp.abs(aux))) > 0 or "moe" not in str(overrides)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), grads_s, grads)
