@@ -143,14 +143,13 @@ def test_forward_rejects_bad_inputs():
         model.init(jax.random.PRNGKey(0), tokens.astype(jnp.float32), jnp.ones_like(tokens))
 
 
-@pytest.mark.parametrize("overrides", [
-    ["model.num_layers=4", "model.pattern=GA", "attention.kind=fox"],   # two repeats of G, A
-    pytest.param(["model.num_layers=2", "model.moe_experts=4", "model.remat=true",
-                  "attention.kind=softmax", "attention.position=rope"], marks=pytest.mark.slow),
-])
-def test_scanned_layers_are_the_same_function(overrides):
+def test_scanned_layers_are_the_same_function():
     """model.scan_layers: the blocks as one lax.scan over the pattern's repeats give the loop's
-    logits, auxiliary loss and gradients (the parameter tree is the loop's)."""
+    logits, auxiliary loss and gradients (the parameter tree is the loop's), here over two
+    repeats of a (GDN, FoX) period with mixture-of-experts MLPs (the auxiliary loss summed over
+    the scan) and remat."""
+    overrides = ["model.num_layers=4", "model.pattern=GA", "attention.kind=fox",
+                 "model.moe_experts=4", "model.remat=true"]
     from train.core.moe import apply_with_auxiliary_loss
     rng = np.random.default_rng(3)
     tokens = jnp.asarray(rng.integers(0, VOCAB, (2, 8)), jnp.int32)
@@ -171,5 +170,5 @@ def test_scanned_layers_are_the_same_function(overrides):
     assert products_s < products      # one period's program, not one per layer
     np.testing.assert_allclose(logits_s, logits, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(aux_s, aux, rtol=1e-5, atol=1e-7)
-    assert float(jnp.max(jnp.abs(aux))) > 0 or "moe" not in str(overrides)
+    assert float(jnp.max(jnp.abs(aux))) > 0
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), grads_s, grads)
