@@ -6,14 +6,12 @@
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 dump=/tmp/gdn_dump
-{
 XLA_FLAGS="--xla_dump_to=$dump --xla_dump_hlo_as_text" timeout ${LIMIT:-150} python3 -m train bench \
     gdn_125m --context 2048 --batch-size 8 --steps 2 --warmup 1 --out $OUT/bench_gdn_125m_dump.json \
-    2>&1 | grep -E "ms / step|tokens/s|compile|peak|estimate|error"
+    2>&1 | grep -E "ms / step|tokens/s|compile|peak|estimate|error" | tee $OUT/gdn_buffers.txt
 report=$(ls -S $dump/*memory-usage-report.txt 2>/dev/null | head -1)
-echo "=== largest module's memory-usage report: ${report##*/}"
-head -120 "$report"
-} 2>&1 | tee $OUT/gdn_buffers.txt
-big=$(ls -S $dump/*memory-usage-report.txt | head -1); module=$(basename $big | cut -d. -f1)
+[ -n "$report" ] || { echo "error: no memory-usage report in $dump"; exit 1; }
+module=$(basename $report | cut -d. -f1)   # the train step: the module with the largest report
+{ echo "=== ${report##*/}"; head -120 $report; } | tee -a $OUT/gdn_buffers.txt
 tar -czf $OUT/gdn_buffers.tar.gz -C $dump $(cd $dump && ls -d $module.*-memory-usage-report.txt \
     $module.*-buffer-assignment.txt $module.*_after_optimizations.txt)

@@ -1,8 +1,9 @@
-# One H200 call (about four minutes): `python -m train bench` at context 2048, batch 8, of
-# fpa_125m and fox_125m with the blocks unrolled (model.scan_layers=false, the default) and as one
-# lax.scan over the pattern's repeats (model.scan_layers=true), and softmax_rope_125m unrolled as
-# the anchor: tokens/s, compile seconds and peak memory of each in one run. Needs the wheels of
-# grain, array_record, portpicker and tensorboardX in .whl/. Writes scan_layers_ab.txt and
+# One H200 call (about eight and a half minutes: each bench takes 76-97 s with its start-up and
+# compile): `python -m train bench` at context 2048, batch 8, of fpa_125m, fox_125m and
+# softmax_rope_125m, each with the blocks unrolled (model.scan_layers=false, the default) and as
+# one lax.scan over the pattern's repeats (model.scan_layers=true): tokens/s, compile seconds and
+# peak memory of each in one run (softmax unrolled is the anchor). Needs the wheels of grain,
+# array_record, portpicker and tensorboardX in .whl/. Writes scan_layers_ab.txt and
 # bench_<preset>_scan_<bool>.json to $OUT.
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
