@@ -3,7 +3,7 @@
     python benchmarks/op_trace.py fpa --shape 4,4096,12,64 --fields walk [--out DIR]
     python benchmarks/op_trace.py gdn --shape 4,4096,16,128 [--intra-backward pallas]
         [--residuals internals|inputs] [--xla-operands float32|16-bit]
-    python benchmarks/op_trace.py fpa|fox|softmax ... [--overlap none|dq|dkv|both] [--one-sweep on|off]
+    python benchmarks/op_trace.py fpa|fox|softmax ... [--overlap none|dq|dkv|both]
     python benchmarks/op_trace.py fpa ... [--field-passes by_level|all_levels]
     python benchmarks/op_trace.py fpa --shape 4,4096,12,64 1,16384,12,64 --fields walk,flat,fox
 
@@ -131,8 +131,7 @@ def _knobs(op):
     from mixer_kernels.mosaic_gpu.attention import backward
     mode = {"fpa": "fpa", "fox": "separable", "softmax": "none"}[op]
     overlap_dq, overlap_dkv = backward.OVERLAP[mode]
-    knobs = {"overlap_dq": overlap_dq, "overlap_dkv": overlap_dkv,
-             "one_sweep": backward.ONE_SWEEP[mode]}
+    knobs = {"overlap_dq": overlap_dq, "overlap_dkv": overlap_dkv}
     if op == "fpa":
         from mixer_kernels.mosaic_gpu.attention import fields
         knobs["field_passes"] = fields.FIELD_PASSES
@@ -154,10 +153,6 @@ def main():
                         help="attention: the backward sweeps that issue the scores' and dP's "
                              "matmuls together, for every bias mode (unset: the library's "
                              "per-mode mixer_kernels/mosaic_gpu/attention/backward.py OVERLAP)")
-    parser.add_argument("--one-sweep", choices=("on", "off"), default=None,
-                        help="attention: dq and the row sums formed in the dk/dv sweep (TMA "
-                             "reductions), for every bias mode (unset: the library's per-mode "
-                             "backward.py ONE_SWEEP)")
     parser.add_argument("--residuals", choices=("internals", "inputs"), default=None,
                         help="gdn: what the op keeps for its backward (vjp.RESIDUALS)")
     parser.add_argument("--xla-operands", choices=("float32", "16-bit"), default=None,
@@ -166,9 +161,6 @@ def main():
     field_passes_option.add(parser)
     args = parser.parse_args()
     field_passes_option.apply(args)
-    if args.one_sweep is not None:
-        from mixer_kernels.mosaic_gpu.attention import backward
-        backward.ONE_SWEEP = {mode: args.one_sweep == "on" for mode in backward.ONE_SWEEP}
     if args.overlap is not None:
         from mixer_kernels.mosaic_gpu.attention import backward
         schedule = (args.overlap in ("dq", "both"), args.overlap in ("dkv", "both"))

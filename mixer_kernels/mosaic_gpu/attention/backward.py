@@ -78,10 +78,6 @@ def _to_bth(x, length):
 # (8, 2048, 16, 128) (docs/benchmarks.md, "Overlapped matmul schedule"). Read when the
 # backward is traced.
 OVERLAP = {"fpa": (True, True), "separable": (False, False), "none": (False, True)}
-# Per bias mode: True runs one sweep (the dk/dv kernel also forms dq and the row sums and adds
-# them into float32 accumulators by TMA reductions; no dq kernel recomputes the tiles). Read
-# when the backward is traced.
-ONE_SWEEP = {"fpa": False, "separable": False, "none": False}
 
 
 def kernel_config(bias, scale, segment_ids, length, block=BLOCK, prune=False,
@@ -99,7 +95,7 @@ def kernel_config(bias, scale, segment_ids, length, block=BLOCK, prune=False,
                         content=bool(bias.content) if fpa else True,
                         prune=bool(prune), margin=pruning_margin(length),
                         lhs_in_registers=bool(lhs_in_registers), overlap_dq=OVERLAP[mode][0],
-                        overlap_dkv=OVERLAP[mode][1], one_sweep=ONE_SWEEP[mode])
+                        overlap_dkv=OVERLAP[mode][1])
 
 
 def document_end_index(segment_ids, padded, n):
@@ -206,17 +202,7 @@ def run_kernels(cfg, args):
     """(dkv outputs, dq outputs, FPA's diagonal shares [B, H, nb, 2 levels, n] or None); dq
     outputs are (dq [B, Tp, H, D], row pack [B, H, nb, R, n] if the mode has row sums)."""
     diagonal = diagonal_shares_kernel(cfg, *args) if cfg.mode == "fpa" else None
-    if not cfg.one_sweep:
-        return dkv_kernel(cfg, *args), dq_kernel(cfg, *args), diagonal
-    q = args[0]
-    batch, padded, heads, _ = q.shape
-    row_out = cfg.row_out_names()
-    dq_acc = jax.new_ref(jnp.zeros(q.shape, jnp.float32))
-    rowo_acc = jax.new_ref(jnp.zeros((batch, heads, padded // cfg.block, len(row_out),
-                                      cfg.block), jnp.float32)) if row_out else None
-    dkv_out = dkv_kernel(cfg, *args, dq_acc=dq_acc, rowo_acc=rowo_acc)
-    dq = (cfg.scale * dq_acc[...]).astype(q.dtype)
-    return dkv_out, (dq,) + ((rowo_acc[...],) if row_out else ()), diagonal
+    return dkv_kernel(cfg, *args), dq_kernel(cfg, *args), diagonal
 
 
 def finish(cfg, kernel_outs, field_state, length, beta_dtype=jnp.float32):

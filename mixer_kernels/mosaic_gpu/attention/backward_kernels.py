@@ -32,12 +32,12 @@ shares. The gap's minimum and soft-min mass are scalars carried along the sweep.
 tiles' per-level shares come from a third kernel (backward_diagonal_kernel.py), which keeps their
 six levels' work out of the two sweeps (it cost them registers and spills on every tile).
 
-By default two sweep kernels, no atomics: `dkv` runs one program per key block j over query blocks i >= j
+Two sweep kernels, no atomics: `dkv` runs one program per key block j over query blocks i >= j
 (dk, dv, column sums, and the per-tile gap totals), `dq` one per query block i over key blocks
 j <= i (dq, row sums). Each recomputes the tile; the next query/key block's tiles are prefetched
-by TMA into a second buffer while the current one is computed. With cfg.one_sweep `dkv` also
-forms each tile's dq and row sums and adds them into float32 accumulators by TMA reductions
-(no `dq` kernel; slower on an H200, so off: backward.ONE_SWEEP). Matmul operands that the
+by TMA into a second buffer while the current one is computed. (One sweep whose `dkv` also adds
+each tile's dq and row sums into float32 accumulators by TMA reductions measured slower on an
+H200: docs/benchmarks.md, "One sweep".) Matmul operands that the
 kernel computes (P, dS) feed wgmma from registers (lhs_in_registers, the compiled default: no
 shared-memory staging, 16 KB less shared memory per dk/dv program and 8 KB per dq program) or
 through shared memory (the GPU interpreter of the tests supports wgmma only from there).
@@ -84,7 +84,6 @@ class KernelConfig:
                                     # backward.kernel_config picks it outside the interpreter)
     overlap_dq: bool = False  # dq: issue the scores' and dP's matmuls together and form P
     overlap_dkv: bool = False  # (bias, exp) while dP's is in flight; dk/dv likewise
-    one_sweep: bool = False   # dk/dv's sweep also forms dq and the row sums (TMA reductions)
 
     @property
     def skips(self):
@@ -147,7 +146,7 @@ class KernelConfig:
         return []
 
     def row_out_names(self):
-        """Rows of the per-query-block row sums (dq's output; with one_sweep, dkv's rowo_acc)."""
+        """Rows of the per-query-block row sums (dq's output)."""
         if self.mode == "separable":
             return ["drow"]
         if self.mode == "fpa":
@@ -737,47 +736,15 @@ def _tile_sums(cfg, tile, p, ds, extra, field, col_acc, row_acc):
     return _field_sums(cfg, tile, p, ds, extra, field, col_acc, row_acc)
 
 
-def _reduce_query_side(cfg, ds, ds_s, k_s, dq_s, rowo_s, row_sums, dq_dst, rows_dst):
-    """One sweep (cfg.one_sweep): this tile's dq = dS K (float32, unscaled) and query-side sums,
-    added to their float32 accumulators in global memory by TMA reductions (the hardware adds
-    atomically; no other program waits for them). On the shared-memory path ds_s holds dS^T
-    already (dk's matmul staged it)."""
-    if cfg.content:
-        if cfg.lhs_in_registers:
-            ds_s[...] = ds.astype(ds_s.dtype)
-            plgpu.commit_smem()
-        dq = matmul(ds_s.transpose((1, 0)), k_s, dq_s.shape)
-    plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the last tile's reductions read dq_s
-    if cfg.content:
-        dq_s[...] = dq
-    _store_rows(rowo_s, row_sums)
-    plgpu.commit_smem()
-    if cfg.content:
-        plgpu.copy_smem_to_gmem(dq_s, dq_dst, reduction_op="add")
-    if row_sums:
-        plgpu.copy_smem_to_gmem(rowo_s, rows_dst, reduction_op="add")
-
-
-def dkv_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta, dq_acc=None,
-               rowo_acc=None):
-    """One program per (head, key block, batch): dk, dv [B, Tp, H, D], column pack, gap totals.
-    With cfg.one_sweep it also adds each tile's dq (float32, unscaled) into the mutable ref
-    dq_acc [B, Tp, H, D] and its row sums (`row_out_names`) into rowo_acc [B, H, nb, R, n]
-    (None without row sums), both zero on entry."""
+def dkv_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
+    """One program per (head, key block, batch): dk, dv [B, Tp, H, D], column pack, gap totals."""
     batch, tp, heads, head_dim = q.shape
     n = cfg.block
     nb = tp // n
     fpa = cfg.mode == "fpa"
     row_names, col_names = cfg.row_names(), cfg.col_names()
     out_names = cfg.col_out_names()
-    row_out_names = cfg.row_out_names()
     chunks = -(-nb // n)
-    accumulators = ((dq_acc,) + ((rowo_acc,) if row_out_names else ())) if cfg.one_sweep else ()
-    if cfg.one_sweep and (dq_acc is None or (rowo_acc is None) != (not row_out_names)):
-        raise ValueError("dkv_kernel: one_sweep needs dq_acc, and rowo_acc exactly when the "
-                         f"mode has row sums ({row_out_names})")
-    if not cfg.one_sweep and (dq_acc is not None or rowo_acc is not None):
-        raise ValueError("dkv_kernel: dq_acc and rowo_acc are for cfg.one_sweep only")
 
     out_types = [jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)]
     if out_names:
@@ -787,14 +754,11 @@ def dkv_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta, d
 
     def body(*refs):
         (q_ref, k_ref, v_ref, do_ref, rowp_ref, colp_ref, rowd_ref, cold_ref, beta_ref,
-         *rest) = refs
-        dq_ref = rest.pop(0) if cfg.one_sweep else None
-        rowo_ref = rest.pop(0) if cfg.one_sweep and row_out_names else None
-        dk_ref, dv_ref = rest.pop(0), rest.pop(0)
+         dk_ref, dv_ref, *rest) = refs
         colo_ref = rest.pop(0) if out_names else None
         gapo_ref = rest.pop(0) if fpa else None
         (k_s, v_s, q_s, do_s, rowp_s, colp_s, rowd_s, cold_s, beta_s, p_s, ds_s, colo_s, gap_s,
-         dq_s, rowo_s, bars) = rest
+         bars) = rest
         h = lax.axis_index("h")
         j = lax.axis_index("kb")
         b = lax.axis_index("b")
@@ -838,25 +802,15 @@ def dkv_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta, d
                 if fpa and field_work:
                     field = (diagonal, path, r, (gap_min, gap_mass),
                              functools.partial(_add_gap_total, gap_s, i, n))
-                row_zeros = tuple(_zeros((n,), plgpu.Layout.WGMMA.reduce(0))
-                                  for _ in (row_out_names if cfg.one_sweep else ()))
-                width = len(col_acc)
 
-                def sums(acc):  # during dk's matmul
-                    col, row = _tile_sums(cfg, tile, p, ds, extra, field, acc[:width],
-                                          acc[width:] if cfg.one_sweep else None)
-                    return (*col, *(row or ()))
+                def col_sums(col_acc):  # during dk's matmul
+                    return _tile_sums(cfg, tile, p, ds, extra, field, col_acc, None)[0]
 
-                acc = (*col_acc, *row_zeros)
                 if cfg.content:
-                    dk, acc = _accumulate(cfg, dk, ds, ds_s, q_s.at[slot], sums, acc)
+                    dk, col_acc = _accumulate(cfg, dk, ds, ds_s, q_s.at[slot], col_sums, col_acc)
                 else:
-                    acc = sums(acc)
-                if cfg.one_sweep:
-                    rows_dst = None if rowo_ref is None else rowo_ref.at[b, h, i]
-                    _reduce_query_side(cfg, ds, ds_s, k_s, dq_s, rowo_s, acc[width:],
-                                       dq_ref.at[b, pl.ds(i * n, n), h], rows_dst)
-                return dk, dv, acc[:width]
+                    col_acc = col_sums(col_acc)
+                return dk, dv, col_acc
 
             return _sweep_tile(cfg, compute, state, rows, cols, rows, (gap_min, gap_mass), beta,
                                diagonal)
@@ -885,18 +839,16 @@ def dkv_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta, d
     scratch = [
         *_sweep_scratch(cfg, n, head_dim, dtype, row_slots=2, col_slots=1),
         None if cfg.lhs_in_registers else swizzled_smem((n, n), dtype),
-        None if cfg.lhs_in_registers and not cfg.one_sweep else swizzled_smem((n, n), dtype),
+        None if cfg.lhs_in_registers else swizzled_smem((n, n), dtype),
         plgpu.SMEM((max(len(out_names), 1), n), jnp.float32),
         plgpu.SMEM((chunks, n), jnp.float32) if fpa else None,
-        swizzled_smem((n, head_dim), jnp.float32) if cfg.one_sweep and cfg.content else None,
-        plgpu.SMEM((max(len(row_out_names), 1), n), jnp.float32) if cfg.one_sweep else None,
         plgpu.Barrier(num_barriers=12),
     ]
     body.__name__ = f"attention_dkv_{cfg.mode}"  # the kernel's name in profiles
     return plgpu.kernel(
         body, out_type=tuple(out_types), scratch_types=scratch, compiler_params=COMPILER_PARAMS,
         grid=(heads, nb, batch), grid_names=("h", "kb", "b"),
-    )(q, k, v, dout, rowp, colp, rowd, cold, beta, *accumulators)
+    )(q, k, v, dout, rowp, colp, rowd, cold, beta)
 
 
 def dq_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):

@@ -1,5 +1,5 @@
 """Inputs and runs of the tests that compare two schedules or forms of the backward (overlapped
-matmuls, one sweep, field passes): one head of dim 64 over three blocks (diagonal,
+matmuls, field passes): one head of dim 64 over three blocks (diagonal,
 off-diagonal and a ragged last block), two documents, float32, in the GPU interpreter."""
 
 import jax
