@@ -1,16 +1,13 @@
 """The gated delta layer's short convolution on the GPU: "pallas" against "xla".
 
-Forward+backward time and gradient error of "pallas" (kernel backward; dx formed in the kernel
-or by XLA) against "xla".
+Forward+backward time and gradient error of "pallas" (kernel backward; XLA forms dx from the
+kernel's d total) against "xla".
 
-    python benchmarks/short_conv_gpu.py [--shape 8,2048,768] [--heads 12] [--repeats 20]
-                                        [--dx both|kernel|xla] [--trace]
+    python benchmarks/short_conv_gpu.py [--shape 8,2048,768] [--heads 12] [--repeats 20] [--trace]
 
 At (B, T, C) with documents of about 500 tokens, bf16 x and float32 taps (the gdn_125m
 shape), with L2-normalised heads (q and k) and without (v): the median ms of a jitted
-forward+backward of "xla" and of "pallas" in each design that --dx names (`kernel`: the
-kernel writes dx, `common.DX_IN_KERNEL = True`, the default; `xla`: XLA forms dx from the
-kernel's d total, the earlier design), and the relative L2 error of dx and d taps against
+forward+backward of "xla" and of "pallas", and the relative L2 error of dx and d taps against
 float32 ("xla" on the same rounded x). Exits 1 when "pallas" is more than 1.5x as far from
 float32 as "xla" (plus 1e-3). `--trace`: then each one's forward+backward under jax.profiler,
 device ms per kernel (the kernel and every XLA fusion around it), costliest first.
@@ -29,24 +26,15 @@ import numpy as np  # noqa: E402
 
 from gdn_jax.ops.short_conv import short_conv  # noqa: E402
 from benchmarks.op_trace import device_ms_per_call  # noqa: E402
-from mixer_kernels.mosaic_gpu.short_conv import common  # noqa: E402
-
-DESIGNS = {"kernel": True, "xla": False}    # --dx: common.DX_IN_KERNEL
 
 
-def gradient_fn(implementation, segment_ids, heads, args, dx="kernel"):
-    """The compiled gradients (of x and the taps) of a loss on the output; "pallas" traced
-    with common.DX_IN_KERNEL set for the design `dx`."""
+def gradient_fn(implementation, segment_ids, heads, args):
+    """The compiled gradients (of x and the taps) of a loss on the output."""
     def loss(x, kernel, cotangent):
         y = short_conv(x, kernel, segment_ids, dtype=x.dtype, normalize_heads=heads,
                        implementation=implementation)
         return jnp.sum(y.astype(jnp.float32).reshape(cotangent.shape) * cotangent)
-    saved = common.DX_IN_KERNEL
-    common.DX_IN_KERNEL = DESIGNS[dx]
-    try:
-        return jax.jit(jax.grad(loss, argnums=(0, 1))).lower(*args).compile()
-    finally:
-        common.DX_IN_KERNEL = saved
+    return jax.jit(jax.grad(loss, argnums=(0, 1))).lower(*args).compile()
 
 
 def median_ms(fn, args, repeats):
@@ -69,11 +57,8 @@ def main():
     parser.add_argument("--shape", default="8,2048,768")
     parser.add_argument("--heads", type=int, default=12)
     parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("--dx", choices=("both", *DESIGNS), default="both",
-                        help="which design of the pallas backward forms dx")
     parser.add_argument("--trace", action="store_true", help="device ms per kernel as well")
     args = parser.parse_args()
-    designs = tuple(DESIGNS) if args.dx == "both" else (args.dx,)
     batch, length, channels = (int(v) for v in args.shape.split(","))
     rng = np.random.default_rng(0)
     x = jnp.asarray(rng.standard_normal((batch, length, channels)), jnp.bfloat16)
@@ -83,28 +68,23 @@ def main():
                               jnp.int32)
     inputs = (x, kernel, cotangent)
     worst = 0.0
-    functions = {}    # (heads, label): compiled gradients; label "xla" or "pallas, dx <design>"
-    print("| heads | pallas dx | xla ms | pallas ms | ratio | dx err xla / pallas "
-          "| dk err xla / pallas |")
-    print("|---|---|---|---|---|---|---|")
+    functions = {}    # (heads, implementation): compiled gradients
+    print("| heads | xla ms | pallas ms | ratio | dx err xla / pallas | dk err xla / pallas |")
+    print("|---|---|---|---|---|---|")
     for heads in (args.heads, None):
         inputs32 = (x.astype(jnp.float32), kernel, cotangent)
         exact = gradient_fn("xla", segment_ids, heads, inputs32)(*inputs32)
-        functions[heads, "xla"] = gradient_fn("xla", segment_ids, heads, inputs)
-        for dx in designs:
-            functions[heads, f"pallas, dx {dx}"] = gradient_fn("pallas", segment_ids, heads,
-                                                                inputs, dx)
+        for implementation in ("xla", "pallas"):
+            functions[heads, implementation] = gradient_fn(implementation, segment_ids, heads,
+                                                           inputs)
         row = {label: (median_ms(fn, inputs, args.repeats),
                        [relative(g, e) for g, e in zip(fn(*inputs), exact)])
                for (h, label), fn in functions.items() if h == heads}
-        t_xla, e_xla = row["xla"]
-        for dx in designs:
-            t_pallas, e_pallas = row[f"pallas, dx {dx}"]
-            for ours, theirs in zip(e_pallas, e_xla):
-                worst = max(worst, ours - (1.5 * theirs + 1e-3))
-            print(f"| {heads or '-'} | {dx} | {t_xla:.3f} | {t_pallas:.3f} | "
-                  f"{t_pallas / t_xla:.2f} | {e_xla[0]:.1e} / {e_pallas[0]:.1e} | "
-                  f"{e_xla[1]:.1e} / {e_pallas[1]:.1e} |")
+        (t_xla, e_xla), (t_pallas, e_pallas) = row["xla"], row["pallas"]
+        for ours, theirs in zip(e_pallas, e_xla):
+            worst = max(worst, ours - (1.5 * theirs + 1e-3))
+        print(f"| {heads or '-'} | {t_xla:.3f} | {t_pallas:.3f} | {t_pallas / t_xla:.2f} | "
+              f"{e_xla[0]:.1e} / {e_pallas[0]:.1e} | {e_xla[1]:.1e} / {e_pallas[1]:.1e} |")
     if args.trace:
         for (heads, label), fn in functions.items():
             events = list(device_ms_per_call(fn, inputs, args.repeats).items())[:8]

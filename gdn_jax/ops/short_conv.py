@@ -16,8 +16,7 @@ Implementations (`REGISTRY`, op name "short_conv"; default order ("pallas", "xla
   "pallas"  the same forward under a custom VJP, saving only x; one Mosaic GPU kernel pass
             forms the input's gradient and the taps' gradient per block of rows, XLA only
             the sum of the latter (`mixer_kernels/mosaic_gpu/short_conv/`: the backward and
-            `supports`; XLA forms the input's gradient from the kernel's d total, or, with
-            `common.DX_IN_KERNEL = True`, the kernel itself, which measured slower)
+            `supports`; XLA forms the input's gradient from the kernel's d total)
 An entry is `fn(x, kernel, segment_ids, *, dtype, normalize_heads) -> y`; `supports(**facts)`
 reads `platform_facts()` plus dtype, channels, normalize_heads and kernel_size.
 """

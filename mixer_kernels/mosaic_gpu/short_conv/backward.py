@@ -5,9 +5,7 @@ over batch and blocks, with
     dx_u = sum_{s < W} kernel[W-1-s] m_s(u + s) dtotal_{u+s}      m_s(t) = [doc(t-s) == doc(t)]
 
 formed by one XLA pass over d total from the kernel (`backward_kernel.conv_backward`, on x
-padded in front by PAD rows; the default) or, with `common.DX_IN_KERNEL` (read when the
-backward is traced) where `common.dx_kernel_fits`, by the kernel itself
-(`backward_kernel.conv_backward_dx`, on x and dy as they are; slower on an H200).
+padded in front by PAD rows).
 
 Heads of the kernel: the L2-normalised heads (normalize_heads) or groups of GROUP channels.
 Each kernel runs behind one `jax.jit` per configuration (`_kernel_program`), so the layers'
@@ -22,8 +20,7 @@ import jax.numpy as jnp
 from mixer_core import shard
 from mixer_kernels.mosaic_gpu.attention.forward import document_start_index
 from mixer_core.padding import pad_time
-from mixer_kernels.mosaic_gpu.short_conv import common
-from mixer_kernels.mosaic_gpu.short_conv.backward_kernel import conv_backward, conv_backward_dx
+from mixer_kernels.mosaic_gpu.short_conv.backward_kernel import conv_backward
 from mixer_kernels.mosaic_gpu.short_conv.common import BLOCK, GROUP, PAD
 
 
@@ -55,24 +52,13 @@ def conv_backward_pass(x, kernel, segment_ids, dy, *, normalize_heads, eps):
     x4 = x.reshape(batch, length, heads, dim)
     dy4 = dy.reshape(batch, length, heads, dim).astype(x.dtype)
     taps = kernel.astype(jnp.float32).reshape(width, heads, dim)
-    if common.DX_IN_KERNEL and common.dx_kernel_fits(width, dim, x.dtype.itemsize):
-        # a distinct negative id on every row outside the sequence
-        position = jnp.arange(PAD + blocks * BLOCK + PAD, dtype=jnp.float32)
-        inside = (position >= PAD) & (position < PAD + length)
-        idsp = jnp.where(inside, jnp.pad(ids, ((0, 0), (PAD, blocks * BLOCK - length + PAD))),
-                         -1.0 - position)
-        dx, dw_part = shard.shard_batch_and_heads(
-            program(conv_backward_dx), x4, dy4, idsp, taps,
-            layouts=("BTHD", "BTHD", "BT", "WHD"), out_layouts=("BTHD", "BNHWD"))
-        dx = dx.reshape(batch, length, channels)
-    else:
-        rows = blocks * BLOCK
-        xp = jnp.pad(x4, ((0, 0), (PAD, rows - length), (0, 0), (0, 0)))
-        idsp = jnp.pad(ids, ((0, 0), (PAD, rows - length)), constant_values=-1.0)
-        dtotal, dw_part = shard.shard_batch_and_heads(
-            program(conv_backward), xp, pad_time(dy4, rows), idsp, taps,
-            layouts=("BTHD", "BTHD", "BT", "WHD"), out_layouts=("BTHD", "BNHWD"))
-        dx = _dx_from_dtotal(dtotal[:, :length].reshape(batch, length, channels), kernel, ids)
+    rows = blocks * BLOCK
+    xp = jnp.pad(x4, ((0, 0), (PAD, rows - length), (0, 0), (0, 0)))
+    idsp = jnp.pad(ids, ((0, 0), (PAD, rows - length)), constant_values=-1.0)
+    dtotal, dw_part = shard.shard_batch_and_heads(
+        program(conv_backward), xp, pad_time(dy4, rows), idsp, taps,
+        layouts=("BTHD", "BTHD", "BT", "WHD"), out_layouts=("BTHD", "BNHWD"))
+    dx = _dx_from_dtotal(dtotal[:, :length].reshape(batch, length, channels), kernel, ids)
     d_kernel = dw_part.sum((0, 1)).transpose(1, 0, 2).reshape(width, channels)
     return dx.astype(x.dtype), d_kernel.astype(kernel.dtype)
 

@@ -19,22 +19,13 @@ global memory: a register load of a shared-memory view starting off a multiple o
 reads wrong rows on the H200. The document ids come as one aligned copy per program and are
 read as shifted 1-D views.
 
-`conv_backward_dx` (the default): the program of rows [r, r + n) forms d total on the W tiles
-of rows [r + s, r + s + n), s < W (s = 0 its own rows, s > 0 recomputed from x and dy
-shifted by s), so that dx on its rows is formed in registers and written in x's dtype; d
-total never leaves the program. Inputs unpadded: x and dy [B, T, H, D]; copies that would
-leave the sequence (the first block's rows before 0, the last blocks' rows past T) are
-clipped to it, and the masks never read the rows they leave unwritten.
-
-`conv_backward` (the earlier design, for an A/B): the program returns d total on its rows
-[B, Tr, H, D] float32; the caller forms dx (one XLA pass).
-
-Both return the taps' gradient per block, dw_part [B, Tr / n, H, W, D] float32 (the caller
-sums it over batch and blocks). x is 16-bit (float32 only in interpret mode); the taps
-w [W, H, D] float32; W <= PAD + 1.
+`conv_backward`: the program returns d total on its rows [B, Tr, H, D] float32 (the caller
+forms dx in one XLA pass) and the taps' gradient per block, dw_part [B, Tr / n, H, W, D]
+float32 (the caller sums it over batch and blocks). (A design whose program also formed dx,
+recomputing d total on the W - 1 later shifted tiles, measured slower on an H200:
+docs/benchmarks.md, "dx in the convolution's kernel".) x is 16-bit (float32 only in
+interpret mode); the taps w [W, H, D] float32; W <= PAD + 1.
 """
-
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -73,118 +64,6 @@ def _d_total(total, grad, *, normalize: bool, eps: float):
         along = lax.broadcast_in_dim(jnp.sum(y * grad, axis=1), shape, [0])
         grad = inv_full * (grad - y * along)
     return grad * (gate * (1.0 + total * (1.0 - gate)))
-
-
-def conv_backward_dx(x, dy, idsp, taps, *, normalize: bool, eps: float):
-    """(dx [B, T, H, D] in x's dtype, dw_part [B, Tr / BLOCK, H, W, D] float32).
-
-    x, dy [B, T, H, D] (dy in x's dtype); idsp [B, PAD + Tr + PAD] float32: each row's
-    document id (>= 0, equal ids only within a document), then a distinct negative value on
-    each of the PAD rows before the sequence and the rows after it (so that no mask pairs a
-    row outside the sequence with another row); taps [W, H, D] float32; Tr = T rounded up to
-    a multiple of BLOCK. A row t is in the sequence iff its id is >= 0.
-    """
-    batch, length, heads, dim = x.shape
-    width = taps.shape[0]
-    n = BLOCK
-    blocks = -(-length // n)
-    if dy.shape != x.shape or idsp.shape != (batch, PAD + blocks * n + PAD) or width > PAD + 1:
-        raise ValueError(f"conv_backward_dx: expected dy of x's shape {x.shape} (got "
-                         f"{dy.shape}), ids [B, {PAD + blocks * n + PAD}] (got {idsp.shape}), "
-                         f"taps <= {PAD + 1} (got {width})")
-    # tiles of d total: rows shifted by s < `tiles` (m_s(u + s) = 0 for s >= T); tiles of x:
-    # rows shifted by k = s - j, 1 - W <= k < tiles
-    tiles = min(width, length)
-    # blocks from `tail` on have a copy that would pass row T (so has the last block)
-    tail = next((i for i in range(blocks) if (i + 1) * n + tiles - 1 > length), blocks)
-
-    def kernel(x_ref, dy_ref, ids_ref, taps_ref, dx_ref, dw_ref,
-               x_s, dy_s, ids_s, taps_s, dx_s, dw_s, loaded):
-        h, i, b = lax.axis_index("h"), lax.axis_index("t"), lax.axis_index("b")
-        # (source, destination tile, shift): the tile holds the source's rows r + shift ..
-        # r + shift + n - 1
-        copies = ([(x_ref, x_s.at[k + width - 1], k) for k in range(1 - width, tiles)]
-                  + [(dy_ref, dy_s.at[s], s) for s in range(tiles)])
-
-        def copy_tiles(block):
-            """The tile copies of any block from 1 to tail - 1 (block None), or of the edge
-            block `block`, each clipped to the sequence: one wholly outside it (past T)
-            copies the last row instead, so every program's barrier counts the same copies."""
-            for src, dst, shift in copies:
-                if block is None:
-                    plgpu.copy_gmem_to_smem(src.at[b, pl.ds(i * n + shift, n), h], dst,
-                                            loaded.at[0])
-                    continue
-                start = block * n + shift
-                first, end = max(start, 0), min(start + n, length)
-                if first >= end:
-                    first, end, start = length - 1, length, length - 1
-                plgpu.copy_gmem_to_smem(src.at[b, pl.ds(first, end - first), h],
-                                        dst.at[pl.ds(first - start, end - first)],
-                                        loaded.at[0])
-
-        if tail > 1:
-            pl.when((i > 0) & (i < tail))(lambda: copy_tiles(None))
-        for edge in sorted({0, *range(tail, blocks)}):
-            pl.when(i == edge)(functools.partial(copy_tiles, edge))
-        # the ids of rows r - PAD .. r + n + PAD - 1 in one aligned copy, read as views
-        plgpu.copy_gmem_to_smem(ids_ref.at[b, pl.ds(i * n, n + 2 * PAD)], ids_s, loaded.at[0])
-        plgpu.copy_gmem_to_smem(taps_ref.at[:, h], taps_s, loaded.at[0])
-        plgpu.barrier_wait(loaded.at[0])
-
-        shape = (n, dim)
-        doc = lambda shift: _rows(ids_s.at[pl.ds(PAD + shift, n)], shape)  # rows r + shift + .
-        tap = lambda j: _columns(taps_s.at[j], shape)
-        own = doc(0)
-
-        def shifted(s, j):
-            """x_{t-j} m_j(t) on the rows t = r + s + . of tile s; m_0(t): t is in the
-            sequence (the tiles' rows outside it were not copied)."""
-            here = doc(s)
-            same = here >= 0.0 if j == 0 else doc(s - j) == here
-            return jnp.where(same, _tile(x_s.at[s - j + width - 1]), 0.0)
-
-        def d_total(s):
-            """d total on the rows r + s + . (rows outside the sequence: any value)."""
-            total = shifted(s, 0) * tap(width - 1)
-            for j in range(1, width):
-                total = total + shifted(s, j) * tap(width - 1 - j)
-            return _d_total(total, _tile(dy_s.at[s]), normalize=normalize, eps=eps)
-
-        dtotal = jnp.where(own >= 0.0, d_total(0), 0.0)
-        for j in range(width):
-            dw_s.at[width - 1 - j][...] = jnp.sum(shifted(0, j) * dtotal, axis=0)
-        dx = dtotal * tap(width - 1)
-        for s in range(1, tiles):
-            dx = dx + jnp.where(doc(s) == own, d_total(s), 0.0) * tap(width - 1 - s)
-        dx_s[...] = dx.astype(dx_s.dtype)
-        plgpu.commit_smem()
-        if length % n:   # the last block's rows past T stay in shared memory
-            rest = length - (blocks - 1) * n
-            pl.when(i < blocks - 1)(lambda: plgpu.copy_smem_to_gmem(
-                dx_s, dx_ref.at[b, pl.ds(i * n, n), h]))
-            pl.when(i == blocks - 1)(lambda: plgpu.copy_smem_to_gmem(
-                dx_s.at[pl.ds(0, rest)], dx_ref.at[b, pl.ds((blocks - 1) * n, rest), h]))
-        else:
-            plgpu.copy_smem_to_gmem(dx_s, dx_ref.at[b, pl.ds(i * n, n), h])
-        plgpu.copy_smem_to_gmem(dw_s, dw_ref.at[b, i, h])
-        plgpu.wait_smem_to_gmem(0)
-
-    out_type = (jax.ShapeDtypeStruct(x.shape, x.dtype),
-                jax.ShapeDtypeStruct((batch, blocks, heads, width, dim), jnp.float32))
-    # tiles untiled: their copies start and end at any row (a tiled copy needs rows in
-    # multiples of 8)
-    scratch = (plgpu.SMEM((width - 1 + tiles, n, dim), x.dtype),
-               plgpu.SMEM((tiles, n, dim), dy.dtype),
-               plgpu.SMEM((n + 2 * PAD,), jnp.float32),
-               plgpu.SMEM((width, dim), jnp.float32),
-               plgpu.SMEM((n, dim), x.dtype),
-               plgpu.SMEM((width, dim), jnp.float32),
-               plgpu.Barrier(num_arrivals=width - 1 + 2 * tiles + 2, num_barriers=1))
-    kernel.__name__ = "short_conv_backward_dx"  # the kernel's name in profiles
-    return plgpu.kernel(kernel, out_type=out_type, scratch_types=scratch,
-                        grid=(heads, blocks, batch), grid_names=("h", "t", "b"))(
-        x, dy, idsp, taps)
 
 
 def conv_backward(xp, dy, idsp, taps, *, normalize: bool, eps: float):

@@ -4,9 +4,7 @@ whose backward is `backward.conv_backward_pass`; the op module builds its table 
 Runs on a Hopper GPU (or the CPU in GPU interpret mode, for tests) with 16-bit activations
 (float32 only when interpreting), at most PAD + 1 taps, and heads of 64 or 128 channels
 (normalize_heads) or a multiple of 64 channels; otherwise `supports` says why not and the
-default (implementation=None) falls back to "xla". Where the kernel that writes dx does not
-fit in shared memory (`common.dx_kernel_fits`: many taps on heads of 128 channels), the
-backward uses the kernel whose d total XLA turns into dx.
+default (implementation=None) falls back to "xla".
 """
 
 from mixer_core.registry import mosaic_gpu_reason

@@ -1,8 +1,8 @@
 """short_conv(implementation="pallas") in GPU interpret mode against "xla": the same output,
-and the gradients of x and the taps from the kernel backward, with dx formed by XLA from d
-total (the default) and in the kernel (`common.DX_IN_KERNEL`), with and
-without documents, with and without L2-normalised heads, at awkward lengths and in bf16; which
-design runs; the kernels lower for Hopper on a machine without one."""
+and the gradients of x and the taps from the kernel backward (dx formed by XLA from the
+kernel's d total), with and without documents, with and without L2-normalised heads, at awkward
+lengths and in bf16; the backward runs the kernel; it lowers for Hopper on a machine without
+one."""
 
 import functools
 import re
@@ -15,7 +15,6 @@ import pytest
 from gdn_jax.ops.short_conv import REGISTRY, short_conv
 from mixer_core import interpret
 from mixer_core.registry import UnsupportedImplementationError
-from mixer_kernels.mosaic_gpu.short_conv import common
 from mixer_kernels.mosaic_gpu.short_conv.backward_kernel import PAD, conv_backward
 from gdn_jax.ops.short_conv import short_conv_pallas
 from tests.seeds import case_seed
@@ -54,8 +53,8 @@ CASES = {   # case: (length, normalize_heads, documents, dtype)
 
 @functools.cache
 def _case(case):
-    """Inputs, cotangent and the "xla" output and gradients of one case (shared by both
-    designs), plus "xla"'s gradients on float32 x for bf16."""
+    """Inputs, cotangent and the "xla" output and gradients of one case, plus "xla"'s
+    gradients on float32 x for bf16."""
     length, normalize_heads, documents, dtype = CASES[case]
     x, kernel, segment_ids = _inputs(case_seed(case), 2, length, 128, 4, dtype, documents)
     cotangent = jnp.asarray(np.random.default_rng(case_seed(case) + 1).standard_normal(
@@ -68,15 +67,8 @@ def _case(case):
     return (x, kernel, segment_ids, normalize_heads, cotangent), reference, exact
 
 
-# dx in the kernel is the non-default design: its cases run in the full suite only
-DESIGNS = [pytest.param(True, id="dx_kernel", marks=pytest.mark.slow),
-           pytest.param(False, id="dx_xla")]
-
-
-@pytest.mark.parametrize("dx_in_kernel", DESIGNS)
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_kernel_backward_matches_xla(case, dx_in_kernel, monkeypatch):
-    monkeypatch.setattr(common, "DX_IN_KERNEL", dx_in_kernel)
+def test_kernel_backward_matches_xla(case):
     args, (y_xla, (dx_xla, dk_xla)), exact = _case(case)
     with interpret.gpu_interpret():
         y, (dx, dk) = _loss_and_grads("pallas", *args)
@@ -106,17 +98,11 @@ def _backward_kernels(x, kernel, normalize_heads):
     return set(re.findall(r"short_conv_backward\w*", str(jax.make_jaxpr(grads)(x, kernel))))
 
 
-def test_the_switch_picks_the_design_and_falls_back_where_dx_does_not_fit(monkeypatch):
+def test_the_backward_runs_the_kernel_at_any_tap_count():
     x = jnp.zeros((1, 100, 256), jnp.bfloat16)
-    assert not common.DX_IN_KERNEL
-    assert _backward_kernels(x, jnp.zeros((4, 256), jnp.float32), 2) == {"short_conv_backward"}
-    monkeypatch.setattr(common, "DX_IN_KERNEL", True)
-    assert _backward_kernels(x, jnp.zeros((4, 256), jnp.float32), 2) == {"short_conv_backward_dx"}
-    # 9 taps of heads of 128 channels: 2 W - 1 + W tiles of x and dy exceed shared memory
-    assert not common.dx_kernel_fits(9, 128, 2)
-    assert _backward_kernels(x, jnp.zeros((9, 256), jnp.float32), 2) == {"short_conv_backward"}
-    monkeypatch.setattr(common, "DX_IN_KERNEL", False)
-    assert _backward_kernels(x, jnp.zeros((4, 256), jnp.float32), 2) == {"short_conv_backward"}
+    for taps in (4, 9):   # 9 = PAD + 1, the most the kernel takes
+        assert _backward_kernels(x, jnp.zeros((taps, 256), jnp.float32), 2) == \
+            {"short_conv_backward"}
 
 
 def test_taps_before_each_document_read_zero():
@@ -146,11 +132,9 @@ def test_pallas_needs_hopper_or_the_interpreter():
                            channels=96, normalize_heads=None, kernel_size=4)[0] == "xla"
 
 
-@pytest.mark.parametrize("dx_in_kernel", DESIGNS)
 @pytest.mark.parametrize("normalize_heads, channels, length", [
     (2, 128, 100), (None, 192, 100), (3, 384, 100), (2, 128, 1), (None, 64, 256)])
-def test_kernel_lowers_for_hopper(normalize_heads, channels, length, dx_in_kernel, monkeypatch):
-    monkeypatch.setattr(common, "DX_IN_KERNEL", dx_in_kernel)
+def test_kernel_lowers_for_hopper(normalize_heads, channels, length):
     x = jnp.zeros((2, length, channels), jnp.bfloat16)
     kernel = jnp.zeros((4, channels), jnp.float32)
     segment_ids = jnp.zeros((2, length), jnp.int32)
