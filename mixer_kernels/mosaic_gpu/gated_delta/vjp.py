@@ -18,10 +18,11 @@ the reverse recurrence in `state_kernels.backward_states` and forms, batched ove
     q, k [B, T, H, K]   v [B, T, HV, V]   g, beta [B, T, HV]   S [B, HV, K, V] float32
     internals chunk-major: Kw, W [N, B, HV, C, K] (16-bit), U [N, B, HV, C, V] float32
 
-Residuals (`RESIDUALS = "internals"`): the entering states [N, B, HV, K, V] float32 (as the
-"xla" path saves), the inputs (q padded), W, Kw, P (16-bit), U (float32) and the decays e;
-(I + A)^{-1} and the outputs (`chunk_outputs`) are recomputed in the backward pass. With
-`RESIDUALS = "inputs"` only the inputs are kept and the whole forward runs again.
+Residuals: the entering states [N, B, HV, K, V] float32 (as the "xla" path saves), the inputs
+(q padded), W, Kw, P (16-bit), U (float32) and the decays e; (I + A)^{-1} and the outputs
+(`chunk_outputs`) are recomputed in the backward pass. (Keeping only the inputs and running the
+forward kernels again, fla's trade, did not lower the gdn_125m step's peak on an H200:
+docs/benchmarks.md, "Two switches".)
 Matrix operands of the kernels are 16-bit (bf16/f16: the dtype of q and k); float32 inputs run
 only in interpret mode (tests), with float32 operands.
 """
@@ -55,13 +56,6 @@ INTRA_BACKWARD = "pallas"
 # device time and nothing measurable off the gdn_125m step, for a larger bf16 error
 # (docs/benchmarks.md, "Two switches"), so float32 is the default.
 XLA_OPERANDS = "float32"
-
-# What the op keeps for its backward pass: "internals" keeps the chunk-major W, Kw, P (16-bit),
-# U and the entering states (float32), 168 MiB per GDN layer at (8, 2048, 12 heads of 64);
-# "inputs" keeps only the op's inputs and runs the WY kernel and the forward state kernel again
-# at the start of the backward pass, the trade fla makes. Read when the op is traced. On the
-# H200 "inputs" did not lower the gdn_125m step's allocator peak (docs/benchmarks.md).
-RESIDUALS = "internals"
 
 
 def _manual_axes(*arrays):
@@ -249,37 +243,10 @@ def chunked_forward_pallas(q, k, v, g, beta, *, scale, initial_state, segment_id
     if op_dtype == jnp.float32 and not interpret_active():
         raise ValueError(f"q, k: the pallas kernels need bf16 or fp16 (16-bit tensor-core "
                          f"operands), got {q.dtype}, {k.dtype}")
-    if RESIDUALS not in ("internals", "inputs"):
-        raise ValueError(f"RESIDUALS: expected 'internals' or 'inputs', got {RESIDUALS!r}")
     tiling = state_kernels.choose_tiling(num_chunks, CHUNK, key_dim, v.shape[3], op_dtype,
                                          value_tile=value_tile)
-    body = functools.partial(_chunked_body, scale=float(scale), tiling=tiling,
-                             dtype=jnp.dtype(dtype), op_dtype=jnp.dtype(op_dtype))
-    if RESIDUALS == "inputs":
-        body = _keeping_inputs_only(body)
-    return body(q, k, v, g, beta, initial_state, segment_ids)
-
-
-def _keeping_inputs_only(body):
-    """body(q, k, v, g, beta, initial_state, segment_ids) that keeps only its inputs for the
-    backward pass, which runs body's forward again and pulls the cotangents through it.
-    (A custom VJP rather than `jax.checkpoint`: the interpreted kernels of the tests carry
-    callback effects that remat does not take.)"""
-
-    @jax.custom_vjp
-    def run(*inputs):
-        return body(*inputs)
-
-    def forward(*inputs):
-        return body(*inputs), inputs
-
-    def backward(inputs, cotangents):
-        *differentiable, segment_ids = inputs
-        _, pull = jax.vjp(lambda *xs: body(*xs, segment_ids), *differentiable)
-        return (*pull(cotangents), None)
-
-    run.defvjp(forward, backward)
-    return run
+    return _chunked_body(q, k, v, g, beta, initial_state, segment_ids, scale=float(scale),
+                         tiling=tiling, dtype=jnp.dtype(dtype), op_dtype=jnp.dtype(op_dtype))
 
 
 def _chunked_body(q, k, v, g, beta, initial_state, segment_ids, *, scale, tiling, dtype,
