@@ -2,6 +2,9 @@
 
     python benchmarks/spectralshift_demo.py --size cpu  [--out results/spectralshift_cpu]
     python benchmarks/spectralshift_demo.py --size h200 --models gdn [--out DIR]   (then hybrid)
+    python benchmarks/spectralshift_demo.py --size h200_prose --models gdn --variants plain ss_k0.5
+        (the language-model comparison's GDN on the prose corpus, 2048 -> 8192; one H200 call
+        per set of variants: benchmarks/gpu/spectralshift_one.sh)
 
 For each model (a GDN, and a GDN + softmax-attention hybrid whose attention takes ABF when
 extending) the script pretrains at L_short, then continues at L_target = 4 L_short from that
@@ -15,11 +18,14 @@ checkpoint, same tokens (same data seed, steps and tokens per step) for every va
 
 and reports per variant (the reference as "before"): M_slow, H_slow and mean E_write of the
 needle key at distances ell = L - 1 - p from L_short / 8 up to the target, L_target - 1 - p
-(train/experiments/spectra.py; the needle's last token at p = L_short / 2; the same inputs for every run), held-out loss at L_short (general ability) and at L_target, and needle retrieval at
+(train/experiments/spectra.py; the needle's last token at p = L_short / 2; the same inputs for every run), held-out loss at L_short (general ability), at L_target and (sizes with
+"beyond") at 2 L_target, and needle retrieval at
 L_target from train.experiments.long_eval.evaluate_long when that module exists (else "n/a"). Writes
 results.json, table.md, slow_band_<model>.png (every variant) and spectra_<model>/
 (reference vs ss_k0.5: train/experiments/spectra.py's report) under --out; a later command with other
---models adds its rows to the same table. The runs go to --runs (re-running resumes).
+--models adds its rows to the same table; results.json and table.md are rewritten after every
+variant, so a run stopped by a time limit keeps what it measured. The runs go to --runs
+(re-running resumes).
 """
 
 from __future__ import annotations
@@ -48,6 +54,13 @@ SIZES = {
     "h200": dict(short=1024, batch=32, pretrain_steps=1200, cpt_steps=300, d_model=256,
                  layers=4, heads=4, head_dim=64, lr=2e-3, cpt_lr=6e-4, eval_batches=16,
                  samples=8, retrieval_samples=32),
+    # one H200, GDN only: the lm_compare --size h200 GDN (configs/lmc_h200_gdn.yaml: 12 x 768
+    # on data/prose) pretrained at 2048 for 300 steps of 32 x 2048 (19.7M tokens), then 100
+    # steps of 8 x 8192 per variant; estimated (not measured) at about ten minutes for the
+    # reference and two variants
+    "h200_prose": dict(short=2048, batch=32, pretrain_steps=300, cpt_steps=100, lr=1e-3,
+                       cpt_lr=3e-4, eval_batches=4, samples=8, retrieval_samples=16,
+                       presets={"G": "lmc_h200_gdn"}, beyond=True),
 }
 MODELS = {"gdn": "G", "hybrid": "GA"}
 VARIANTS = {
@@ -60,12 +73,26 @@ VARIANTS = {
 VARIANT_S = {"plain": 1.0, "ss_k0.5": 0.5, "reparam": 0.5, "lr_scale": 0.5, "ss_k1": 0.25}
 
 
+def base_preset(size: dict, pattern: str) -> str:
+    """The preset a size builds on: its own for the pattern, else tiny_gdn (shape overridden)."""
+    presets = size.get("presets")
+    if presets is None:
+        return "tiny_gdn"
+    if pattern not in presets:
+        raise SystemExit(f"error: --models: this size has only "
+                         f"{[m for m, p in MODELS.items() if p in presets]}")
+    return presets[pattern]
+
+
 def model_overrides(size: dict, pattern: str) -> list[str]:
+    logging = ["train.log_every=20", "train.tensorboard=false",
+               f"train.eval_batches={size['eval_batches']}"]
+    if size.get("presets"):   # shape and data from the preset
+        return logging
     overrides = [f"model.pattern={pattern}", f"model.num_layers={size['layers']}",
                  f"model.d_model={size['d_model']}", f"gdn.num_heads={size['heads']}",
                  f"gdn.head_dim={size['head_dim']}", "data.source=stdlib", "data.tokenizer=byte",
-                 "train.log_every=20", "train.tensorboard=false",
-                 f"train.eval_batches={size['eval_batches']}"]
+                 *logging]
     if "A" in pattern:
         overrides += ["attention.kind=softmax", "attention.position=rope",
                       f"attention.num_heads={size['heads']}",
@@ -77,7 +104,7 @@ def pretrain(size: dict, pattern: str, run_dir: Path):
     from train.core.fit import fit
     from train.core.presets import load_config
 
-    config = load_config("tiny_gdn", model_overrides(size, pattern) + [
+    config = load_config(base_preset(size, pattern), model_overrides(size, pattern) + [
         f"data.seq_len={size['short']}", f"data.batch_size={size['batch']}",
         f"train.steps={size['pretrain_steps']}", f"optim.lr={size['lr']}",
         f"optim.warmup_steps={min(30, size['pretrain_steps'] // 4)}", "train.eval_every=0",
@@ -89,7 +116,7 @@ def extension_config(size: dict, pattern: str, reference: Path, variant: str):
     """The cpt config of one variant: 4x the context, a quarter of the batch (same tokens)."""
     from train.core.presets import load_config
 
-    return load_config("tiny_gdn", model_overrides(size, pattern) + [
+    return load_config(base_preset(size, pattern), model_overrides(size, pattern) + [
         f"data.seq_len={4 * size['short']}", f"data.batch_size={size['batch'] // 4}",
         f"train.steps={size['cpt_steps']}", f"optim.lr={size['cpt_lr']}", "optim.schedule=constant",
         "optim.warmup_steps=10", "optim.freeze_gdn_decay=true", "train.eval_every=0",
@@ -130,12 +157,14 @@ def measure(run_dir: Path, size: dict, tokens, position: int) -> dict:
         size["short"], 2 * size["short"], target]
     summary, first, tokens = spectra(run_dir, lengths=lengths, tokens=tokens,
                                      needle_position=position, num_samples=size["samples"])
+    few = max(1, size["eval_batches"] // 4)
     return {
         "summary": summary, "first": first, "tokens": tokens,
         "loss_short": evaluate_run(run_dir, seq_len=size["short"],
                                    num_batches=size["eval_batches"])["loss"],
-        "loss_target": evaluate_run(run_dir, seq_len=target,
-                                    num_batches=max(1, size["eval_batches"] // 4))["loss"],
+        "loss_target": evaluate_run(run_dir, seq_len=target, num_batches=few)["loss"],
+        "loss_beyond": (evaluate_run(run_dir, seq_len=2 * target, batch_size=1,
+                                     num_batches=few)["loss"] if size.get("beyond") else None),
         "retrieval": retrieval(run_dir, target, size["retrieval_samples"]),
     }
 
@@ -153,7 +182,8 @@ def write_table(records: dict, out: Path, seconds: float) -> str:
     distances = next(iter(records["models"].values()))[0]["summary"]["distances"]
     ells = "/".join(str(d) for d in distances)
     header = ["model", "variant", "s", f"M_slow @ ell {ells}", f"H_slow @ ell {ells}",
-              f"E_write @ ell {ells}", f"loss@{short}", f"loss@{target}", f"retrieval@{target}"]
+              f"E_write @ ell {ells}", f"loss@{short}", f"loss@{target}", f"loss@{2 * target}",
+              f"retrieval@{target}"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for model, rows in records["models"].items():
         for row in rows:
@@ -163,7 +193,8 @@ def write_table(records: dict, out: Path, seconds: float) -> str:
                      " / ".join(f"{v:.1f}" for v in summary["h_slow"])
                      + f" of {summary['layer_heads']}",
                      " / ".join(f"{v:.3f}" for v in summary["e_write_mean"]),
-                     _cell(row["loss_short"]), _cell(row["loss_target"]), _cell(row["retrieval"])]
+                     _cell(row["loss_short"]), _cell(row["loss_target"]),
+                     _cell(row.get("loss_beyond") or "-"), _cell(row["retrieval"])]
             lines.append("| " + " | ".join(cells) + " |")
     text = "\n".join(lines)
     (out / "table.md").write_text(
@@ -227,26 +258,30 @@ def main(argv=None) -> int:
         previous = json.loads(earlier.read_text())
         if (previous["size"], previous["needle_position"]) == (args.size, position):
             records["models"] = previous["models"]
+    def save(model, rows):
+        records["models"][model] = [{k: v for k, v in row.items() if k not in ("first", "tokens")}
+                                    for row in rows]
+        (out / "results.json").write_text(json.dumps(records, indent=1, default=str) + "\n")
+        plot_variants(rows, model, out / f"slow_band_{model}.png")
+        return write_table(records, out, time.time() - started)
+
     for model in args.models:
         pattern = MODELS[model]
+        base_preset(size, pattern)   # an error line before any training if the size lacks it
         reference = runs / model / "reference"
         pretrain(size, pattern, reference)
         before = measure(reference, size, None, position)
         rows = [{"variant": "reference", "s": 1.0, **before}]
+        text = save(model, rows)
         for name in args.variants:
             extend(size, pattern, reference, name, runs / model / name)
             after = measure(runs / model / name, size, before["tokens"], position)
             rows.append({"variant": name, "s": VARIANT_S[name], **after})
+            text = save(model, rows)
             print(f"[{time.time() - started:.0f}s] {model} {name} measured", flush=True)
-        plot_variants(rows, model, out / f"slow_band_{model}.png")
         after = next((r for r in rows if r["variant"] == "ss_k0.5"), rows[-1])
         write_report([before["summary"], after["summary"]], [before["first"], after["first"]],
                      out / f"spectra_{model}")
-        records["models"][model] = [{k: v for k, v in row.items() if k not in ("first", "tokens")}
-                                    for row in rows]
-
-    (out / "results.json").write_text(json.dumps(records, indent=1, default=str) + "\n")
-    text = write_table(records, out, time.time() - started)
     print(text)
     print(f"written: {out}/table.md, results.json, slow_band_*.png, spectra_*/ "
           f"({time.time() - started:.0f} s)")

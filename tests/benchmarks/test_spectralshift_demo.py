@@ -53,3 +53,17 @@ def test_table_lists_every_model_and_variant(demo, tmp_path):
     assert lines[3].startswith("| gdn | ss_k0.5 | 0.5 | 3.0 / 0.0 | 1.0 / 0.0 of 8 | 0.250 / 0.000")
     assert "passkey 0.50" in lines[3]
     assert (tmp_path / "table.md").read_text().endswith(text + "\n")
+
+
+def test_prose_size_extends_the_language_model_comparisons_gdn(demo):
+    """h200_prose builds on configs/lmc_h200_gdn.yaml (its shape and corpus) and offers no
+    hybrid; every variant sees the pretraining's tokens per step at 4x the context."""
+    size = demo.SIZES["h200_prose"]
+    config = demo.extension_config(size, "G", Path("ref"), "ss_k1")
+    assert (config.model.d_model, config.model.num_layers, config.model.pattern) == (768, 12, "G")
+    assert config.data.source == "arrayrecord:data/prose"
+    assert (config.data.seq_len, config.data.seq_len * config.data.batch_size) == (
+        4 * size["short"], size["short"] * size["batch"])
+    assert config.cpt.k == 1.0 and config.cpt.positions == "keep"
+    with pytest.raises(SystemExit, match="error: --models: this size has only \\['gdn'\\]"):
+        demo.extension_config(size, "GA", Path("ref"), "plain")
