@@ -23,8 +23,10 @@ needle key at distances ell = L - 1 - p from L_short / 8 up to the target, L_tar
 L_target from train.experiments.long_eval.evaluate_long when that module exists (else "n/a"). Writes
 results.json, table.md, slow_band_<model>.png (every variant) and spectra_<model>/
 (reference vs ss_k0.5: train/experiments/spectra.py's report) under --out; a later command with other
---models adds its rows to the same table; results.json and table.md are rewritten after every
-variant, so a run stopped by a time limit keeps what it measured. The runs go to --runs
+--models adds its rows to the same table, and a later command with other --variants of a model
+adds those variants' rows (this command's reference replaces the earlier one); results.json and
+table.md are rewritten after every variant, so a run stopped by a time limit keeps what it
+measured. The runs go to --runs
 (re-running resumes).
 """
 
@@ -181,9 +183,11 @@ def write_table(records: dict, out: Path, seconds: float) -> str:
     short, target = size["short"], 4 * size["short"]
     distances = next(iter(records["models"].values()))[0]["summary"]["distances"]
     ells = "/".join(str(d) for d in distances)
+    beyond = any(row.get("loss_beyond") is not None
+                 for rows in records["models"].values() for row in rows)
     header = ["model", "variant", "s", f"M_slow @ ell {ells}", f"H_slow @ ell {ells}",
-              f"E_write @ ell {ells}", f"loss@{short}", f"loss@{target}", f"loss@{2 * target}",
-              f"retrieval@{target}"]
+              f"E_write @ ell {ells}", f"loss@{short}", f"loss@{target}",
+              *([f"loss@{2 * target}"] if beyond else []), f"retrieval@{target}"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for model, rows in records["models"].items():
         for row in rows:
@@ -194,7 +198,8 @@ def write_table(records: dict, out: Path, seconds: float) -> str:
                      + f" of {summary['layer_heads']}",
                      " / ".join(f"{v:.3f}" for v in summary["e_write_mean"]),
                      _cell(row["loss_short"]), _cell(row["loss_target"]),
-                     _cell(row.get("loss_beyond") or "-"), _cell(row["retrieval"])]
+                     *([_cell(row.get("loss_beyond") or "-")] if beyond else []),
+                     _cell(row["retrieval"])]
             lines.append("| " + " | ".join(cells) + " |")
     text = "\n".join(lines)
     (out / "table.md").write_text(
@@ -259,15 +264,21 @@ def main(argv=None) -> int:
         if (previous["size"], previous["needle_position"]) == (args.size, position):
             records["models"] = previous["models"]
     def save(model, rows):
-        records["models"][model] = [{k: v for k, v in row.items() if k not in ("first", "tokens")}
-                                    for row in rows]
+        """This command's rows of `model`, then its earlier variants that this command did not
+        run (from results.json)."""
+        kept = [{k: v for k, v in row.items() if k not in ("first", "tokens")} for row in rows]
+        ran = {row["variant"] for row in kept}
+        kept += [row for row in earlier_rows.get(model, []) if row["variant"] not in ran]
+        records["models"][model] = kept
         (out / "results.json").write_text(json.dumps(records, indent=1, default=str) + "\n")
-        plot_variants(rows, model, out / f"slow_band_{model}.png")
+        plot_variants(kept, model, out / f"slow_band_{model}.png")
         return write_table(records, out, time.time() - started)
 
+    earlier_rows = dict(records["models"])
+    for model in args.models:   # an error line before any training if the size lacks a model
+        base_preset(size, MODELS[model])
     for model in args.models:
         pattern = MODELS[model]
-        base_preset(size, pattern)   # an error line before any training if the size lacks it
         reference = runs / model / "reference"
         pretrain(size, pattern, reference)
         before = measure(reference, size, None, position)

@@ -7,7 +7,8 @@
 #   VARIANTS="plain ss_k0.5" bash benchmarks/gpu/spectralshift_one.sh    carry: [".whl", "data/prose"]
 #   VARIANTS="ss_k1" bash benchmarks/gpu/spectralshift_one.sh            (a second call)
 # Checkpoints cannot leave the machine, so each call pretrains the reference again (same seed and
-# batches). The demo rewrites results.json and table.md after every variant, so a call stopped by
+# batches). Commit a call's folder as results/spectralshift_h200/ and the next call starts from its
+# results.json, adding its variants' rows to the same table. The demo rewrites results.json and table.md after every variant, so a call stopped by
 # LIMIT keeps what it measured. Writes $OUT/spectralshift_h200/ (table.md, results.json,
 # slow_band_gdn.png, spectra_gdn.tar.gz: one figure per layer, packed, since a call brings back
 # at most 8 files) and the log spectralshift_log.txt.
@@ -15,6 +16,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 test -d data/prose || { echo "error: data/prose is missing (carry it: benchmarks/prepare_prose_corpus.py)"; exit 2; }
 mkdir -p $OUT/spectralshift_h200
+[ -f results/spectralshift_h200/results.json ] && cp results/spectralshift_h200/results.json $OUT/spectralshift_h200/
 timeout ${LIMIT:-570} python3 benchmarks/spectralshift_demo.py --size h200_prose --models gdn \
     --variants ${VARIANTS:-plain ss_k0.5} --out $OUT/spectralshift_h200 --runs /tmp/ss 2>&1 \
     | grep -v "^step" | tee $OUT/spectralshift_log.txt | tail -30

@@ -643,8 +643,8 @@ def _sweep_scratch(cfg, n, head_dim, dtype, row_slots, col_slots):
 def _field_sums(cfg, tile, p, ds, extra, field, col_acc, row_acc):
     """FPA's field sums of one tile: the key side into col_acc = (dpsi?, dbeta, share) and the
     query side into row_acc = (dpsi?, share, dsum, pgap) (dsum is the caller's), each None
-    where the sweep does not compute that side; with both, a pair's soft-min base is formed
-    once. Paths 1 / 2 of `_share_path` off the diagonal (separable, row-referenced; path 0
+    where the sweep does not compute that side (dk/dv's sweep the key side, dq's the query
+    side). Paths 1 / 2 of `_share_path` off the diagonal (separable, row-referenced; path 0
     tiles run as plain softmax tiles and never get here), the exact shares with query levels;
     a diagonal tile adds d level, d beta and pgap only (its shares:
     backward_diagonal_kernel.py). field = (diagonal, path, r, (gap_min, gap_mass), add_gap);

@@ -1,4 +1,4 @@
-"""Pallas Mosaic GPU kernels: the backward of the gated delta layer's short convolution.
+"""Pallas Mosaic GPU kernel: the backward of the gated delta layer's short convolution.
 
 Forward (XLA, `gdn_jax.ops.short_conv`), per channel c of a head of D channels:
 

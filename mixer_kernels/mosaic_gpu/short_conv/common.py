@@ -1,7 +1,7 @@
-"""Constants shared by the short convolution's backward kernels, their XLA passes and their
+"""Constants shared by the short convolution's backward kernel, its XLA passes and its
 `supports` (the Mosaic GPU helpers: mixer_kernels/mosaic_gpu/common.py).
 
-    PAD              padding rows around x or the ids in time; the kernels take W <= PAD + 1
+    PAD              padding rows in front of x and the ids; the kernel takes W <= PAD + 1
                      taps
     BLOCK            rows per program
     GROUP            channels per program without normalize_heads
