@@ -238,23 +238,15 @@ def chunked_forward_pallas(q, k, v, g, beta, *, scale, initial_state, segment_id
     """
     seq_len, key_dim = q.shape[1], q.shape[3]
     num_chunks = -(-seq_len // CHUNK)
-    dtype = compute_dtype(q, k, v, g, beta, initial_state)
-    op_dtype = operand_dtype(q, k)
+    dtype = jnp.dtype(compute_dtype(q, k, v, g, beta, initial_state))
+    op_dtype = jnp.dtype(operand_dtype(q, k))
     if op_dtype == jnp.float32 and not interpret_active():
         raise ValueError(f"q, k: the pallas kernels need bf16 or fp16 (16-bit tensor-core "
                          f"operands), got {q.dtype}, {k.dtype}")
-    tiling = state_kernels.choose_tiling(num_chunks, CHUNK, key_dim, v.shape[3], op_dtype,
+    batch, num_v_heads, value_dim = q.shape[0], v.shape[2], v.shape[3]
+    tiling = state_kernels.choose_tiling(num_chunks, CHUNK, key_dim, value_dim, op_dtype,
                                          value_tile=value_tile)
-    return _chunked_body(q, k, v, g, beta, initial_state, segment_ids, scale=float(scale),
-                         tiling=tiling, dtype=jnp.dtype(dtype), op_dtype=jnp.dtype(op_dtype))
-
-
-def _chunked_body(q, k, v, g, beta, initial_state, segment_ids, *, scale, tiling, dtype,
-                  op_dtype):
-    """`chunked_forward_pallas` after its checks: (out [B, T, HV, V], final state)."""
-    batch, seq_len, num_heads, key_dim = q.shape
-    num_v_heads, value_dim = v.shape[2], v.shape[3]
-    num_chunks = -(-seq_len // CHUNK)
+    scale = float(scale)
     padded = num_chunks * CHUNK
     q, k, v = (pad_time(x.astype(op_dtype), padded) for x in (q, k, v))
     rows, entering_decay = wy.chunk_rows(pad_time(g, padded), pad_time(beta, padded),
