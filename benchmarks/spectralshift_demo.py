@@ -18,15 +18,15 @@ checkpoint, same tokens (same data seed, steps and tokens per step) for every va
 
 and reports per variant (the reference as "before"): M_slow, H_slow and mean E_write of the
 needle key at distances ell = L - 1 - p from L_short / 8 up to the target, L_target - 1 - p
-(train/experiments/spectra.py; the needle's last token at p = L_short / 2; the same inputs for every run), held-out loss at L_short (general ability), at L_target and (sizes with
-"beyond") at 2 L_target, and needle retrieval at
-L_target from train.experiments.long_eval.evaluate_long when that module exists (else "n/a"). Writes
-results.json, table.md, slow_band_<model>.png (every variant) and spectra_<model>/
-(reference vs ss_k0.5: train/experiments/spectra.py's report) under --out; a later command with other
---models adds its rows to the same table, and a later command with other --variants of a model
-adds those variants' rows (this command's reference replaces the earlier one); results.json and
-table.md are rewritten after every variant, so a run stopped by a time limit keeps what it
-measured. The runs go to --runs
+(train/experiments/spectra.py; the needle's last token at p = L_short / 2; the same inputs for
+every run), held-out loss at L_short (general ability), at L_target and (sizes with "beyond")
+at 2 L_target, and needle retrieval at L_target from train.experiments.long_eval.evaluate_long
+when that module exists (else "n/a"). Writes results.json, table.md, slow_band_<model>.png
+(every variant) and spectra_<model>/ (reference vs ss_k0.5: train/experiments/spectra.py's
+report) under --out. A later command with other --models adds its rows to the same table, and
+one with other --variants of a model adds those variants' rows (`merge_rows`: this command's
+reference replaces the earlier one); results.json and table.md are rewritten after every
+variant, so a run stopped by a time limit keeps what it measured. The runs go to --runs
 (re-running resumes).
 """
 
@@ -213,6 +213,14 @@ def write_table(records: dict, out: Path, seconds: float) -> str:
     return text
 
 
+def merge_rows(rows: list[dict], earlier: list[dict]) -> list[dict]:
+    """One model's table rows: this command's (without the per-run inputs "first" and
+    "tokens"), then the earlier command's rows of variants this command did not run."""
+    kept = [{k: v for k, v in row.items() if k not in ("first", "tokens")} for row in rows]
+    ran = {row["variant"] for row in kept}
+    return kept + [row for row in earlier if row["variant"] not in ran]
+
+
 def plot_variants(rows: list[dict], model: str, path: Path) -> Path:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -264,14 +272,10 @@ def main(argv=None) -> int:
         if (previous["size"], previous["needle_position"]) == (args.size, position):
             records["models"] = previous["models"]
     def save(model, rows):
-        """This command's rows of `model`, then its earlier variants that this command did not
-        run (from results.json)."""
-        kept = [{k: v for k, v in row.items() if k not in ("first", "tokens")} for row in rows]
-        ran = {row["variant"] for row in kept}
-        kept += [row for row in earlier_rows.get(model, []) if row["variant"] not in ran]
-        records["models"][model] = kept
+        """Merge `model`'s rows with results.json's earlier ones; write the files."""
+        records["models"][model] = merge_rows(rows, earlier_rows.get(model, []))
         (out / "results.json").write_text(json.dumps(records, indent=1, default=str) + "\n")
-        plot_variants(kept, model, out / f"slow_band_{model}.png")
+        plot_variants(records["models"][model], model, out / f"slow_band_{model}.png")
         return write_table(records, out, time.time() - started)
 
     earlier_rows = dict(records["models"])

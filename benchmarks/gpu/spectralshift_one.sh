@@ -8,8 +8,8 @@
 #   VARIANTS="ss_k1" bash benchmarks/gpu/spectralshift_one.sh            (a second call)
 # Checkpoints cannot leave the machine, so each call pretrains the reference again (same seed and
 # batches). Commit a call's folder as results/spectralshift_h200/ and the next call starts from its
-# results.json, adding its variants' rows to the same table. The demo rewrites results.json and table.md after every variant, so a call stopped by
-# LIMIT keeps what it measured. Writes $OUT/spectralshift_h200/ (table.md, results.json,
+# results.json, adding its variants' rows to the same table. The demo rewrites results.json and
+# table.md after every variant, so a call stopped by LIMIT keeps what it measured. Writes $OUT/spectralshift_h200/ (table.md, results.json,
 # slow_band_gdn.png, spectra_gdn.tar.gz: one figure per layer, packed, since a call brings back
 # at most 8 files) and the log spectralshift_log.txt.
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1

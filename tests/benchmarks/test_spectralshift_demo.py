@@ -67,3 +67,14 @@ def test_prose_size_extends_the_language_model_comparisons_gdn(demo):
     assert config.cpt.k == 1.0 and config.cpt.positions == "keep"
     with pytest.raises(SystemExit, match="error: --models: this size has only \\['gdn'\\]"):
         demo.extension_config(size, "GA", Path("ref"), "plain")
+
+
+def test_a_later_call_adds_its_variants_and_replaces_the_reference(demo):
+    earlier = [{"variant": "reference", "loss_short": 1.0}, {"variant": "plain", "loss_short": 2.0},
+               {"variant": "ss_k0.5", "loss_short": 3.0}]
+    rows = [{"variant": "reference", "loss_short": 1.5, "first": [0], "tokens": [1]},
+            {"variant": "ss_k1", "loss_short": 4.0, "first": [0], "tokens": [1]}]
+    merged = demo.merge_rows(rows, earlier)
+    assert [(r["variant"], r["loss_short"]) for r in merged] == [
+        ("reference", 1.5), ("ss_k1", 4.0), ("plain", 2.0), ("ss_k0.5", 3.0)]
+    assert all("first" not in r and "tokens" not in r for r in merged)
