@@ -25,8 +25,9 @@ when that module exists (else "n/a"). Writes results.json, table.md, slow_band_<
 (every variant) and spectra_<model>/ (reference vs ss_k0.5: train/experiments/spectra.py's
 report) under --out. A later command with other --models adds its rows to the same table, and
 one with other --variants of a model adds those variants' rows (`merge_rows`: this command's
-reference replaces the earlier one); results.json and table.md are rewritten after every
-variant, so a run stopped by a time limit keeps what it measured. The runs go to --runs
+reference replaces the earlier one, unless --reference-from-results keeps it and measures
+the variants only); results.json and table.md are rewritten after every variant, so a run
+stopped by a time limit keeps what it measured. The runs go to --runs
 (re-running resumes).
 """
 
@@ -58,8 +59,8 @@ SIZES = {
                  samples=8, retrieval_samples=32),
     # one H200, GDN only: the lm_compare --size h200 GDN (configs/lmc_h200_gdn.yaml: 12 x 768
     # on data/prose) pretrained at 2048 for 300 steps of 32 x 2048 (19.7M tokens), then 100
-    # steps of 8 x 8192 per variant; estimated (not measured) at about ten minutes for the
-    # reference and two variants
+    # steps of 8 x 8192 per variant; on one H200 the reference's pretraining and measures take
+    # 385 s, so one variant per call with --reference-from-results (benchmarks/gpu/)
     "h200_prose": dict(short=2048, batch=32, pretrain_steps=300, cpt_steps=100, lr=1e-3,
                        cpt_lr=3e-4, eval_batches=4, samples=8, retrieval_samples=16,
                        presets={"G": "lmc_h200_gdn"}, beyond=True),
@@ -215,10 +216,13 @@ def write_table(records: dict, out: Path, seconds: float) -> str:
 
 def merge_rows(rows: list[dict], earlier: list[dict]) -> list[dict]:
     """One model's table rows: this command's (without the per-run inputs "first" and
-    "tokens"), then the earlier command's rows of variants this command did not run."""
+    "tokens") and the earlier command's rows of variants this command did not run, the
+    reference first, then the variants in VARIANTS order."""
     kept = [{k: v for k, v in row.items() if k not in ("first", "tokens")} for row in rows]
     ran = {row["variant"] for row in kept}
-    return kept + [row for row in earlier if row["variant"] not in ran]
+    order = ["reference", *VARIANTS]
+    return sorted(kept + [row for row in earlier if row["variant"] not in ran],
+                  key=lambda row: order.index(row["variant"]))
 
 
 def plot_variants(rows: list[dict], model: str, path: Path) -> Path:
@@ -250,6 +254,10 @@ def main(argv=None) -> int:
     parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
     parser.add_argument("--needle-position", type=int, default=None,
                         help="needle's last token (default: L_short / 2)")
+    parser.add_argument("--reference-from-results", action="store_true",
+                        help="keep the reference row of --out's results.json instead of "
+                             "measuring the pretrained model again (the pretraining repeats "
+                             "with the same seed and batches; only the variants are measured)")
     args = parser.parse_args(argv)
     size = SIZES[args.size]
     out = Path(args.out or f"results/spectralshift_{args.size}")
@@ -257,20 +265,13 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     position = args.needle_position or size["short"] // 2
     started = time.time()
-    import jax
-
-    # every variant compiles the same programs: keep them on disk (and across re-runs)
-    jax.config.update("jax_compilation_cache_dir", str(runs / "jax_cache"))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-
-    from train.experiments.spectra import write_report
-
     records = {"size": args.size, "settings": size, "needle_position": position, "models": {}}
     earlier = out / "results.json"
     if earlier.is_file():       # models measured by an earlier command (--models ...) stay
         previous = json.loads(earlier.read_text())
         if (previous["size"], previous["needle_position"]) == (args.size, position):
             records["models"] = previous["models"]
+
     def save(model, rows):
         """Merge `model`'s rows with results.json's earlier ones; write the files."""
         records["models"][model] = merge_rows(rows, earlier_rows.get(model, []))
@@ -281,13 +282,35 @@ def main(argv=None) -> int:
     earlier_rows = dict(records["models"])
     for model in args.models:   # an error line before any training if the size lacks a model
         base_preset(size, MODELS[model])
+        if args.reference_from_results and not any(
+                row["variant"] == "reference" for row in earlier_rows.get(model, [])):
+            raise SystemExit(f"error: --reference-from-results: {earlier} has no reference "
+                             f"row of {model} at size {args.size}, needle position {position}")
+
+    import jax
+
+    # every variant compiles the same programs: keep them on disk (and across re-runs)
+    jax.config.update("jax_compilation_cache_dir", str(runs / "jax_cache"))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+
+    from train.experiments.spectra import write_report
+
     for model in args.models:
         pattern = MODELS[model]
         reference = runs / model / "reference"
         pretrain(size, pattern, reference)
-        before = measure(reference, size, None, position)
-        rows = [{"variant": "reference", "s": 1.0, **before}]
-        text = save(model, rows)
+        print(f"[{time.time() - started:.0f}s] {model} reference pretrained", flush=True)
+        if args.reference_from_results:
+            from train.experiments.spectra import needle_tokens
+
+            before = {"tokens": needle_tokens(reference, 4 * size["short"], size["samples"],
+                                              position)}
+            rows = []
+        else:
+            before = measure(reference, size, None, position)
+            rows = [{"variant": "reference", "s": 1.0, **before}]
+            text = save(model, rows)
+            print(f"[{time.time() - started:.0f}s] {model} reference measured", flush=True)
         for name in args.variants:
             extend(size, pattern, reference, name, runs / model / name)
             after = measure(runs / model / name, size, before["tokens"], position)
@@ -295,7 +318,8 @@ def main(argv=None) -> int:
             text = save(model, rows)
             print(f"[{time.time() - started:.0f}s] {model} {name} measured", flush=True)
         after = next((r for r in rows if r["variant"] == "ss_k0.5"), rows[-1])
-        write_report([before["summary"], after["summary"]], [before["first"], after["first"]],
+        measured = [r for r in (before, after) if "first" in r]
+        write_report([r["summary"] for r in measured], [r["first"] for r in measured],
                      out / f"spectra_{model}")
     print(text)
     print(f"written: {out}/table.md, results.json, slow_band_*.png, spectra_*/ "

@@ -76,5 +76,15 @@ def test_a_later_call_adds_its_variants_and_replaces_the_reference(demo):
             {"variant": "ss_k1", "loss_short": 4.0, "first": [0], "tokens": [1]}]
     merged = demo.merge_rows(rows, earlier)
     assert [(r["variant"], r["loss_short"]) for r in merged] == [
-        ("reference", 1.5), ("ss_k1", 4.0), ("plain", 2.0), ("ss_k0.5", 3.0)]
+        ("reference", 1.5), ("plain", 2.0), ("ss_k0.5", 3.0), ("ss_k1", 4.0)]
     assert all("first" not in r and "tokens" not in r for r in merged)
+    kept = demo.merge_rows(rows[1:], earlier)     # --reference-from-results: measured no reference
+    assert [(r["variant"], r["loss_short"]) for r in kept] == [
+        ("reference", 1.0), ("plain", 2.0), ("ss_k0.5", 3.0), ("ss_k1", 4.0)]
+
+
+def test_reference_from_results_needs_an_earlier_reference_row(demo, tmp_path):
+    with pytest.raises(SystemExit, match="error: --reference-from-results: .* no reference row "
+                                         "of gdn at size h200_prose"):
+        demo.main(["--size", "h200_prose", "--models", "gdn", "--variants", "plain",
+                   "--reference-from-results", "--out", str(tmp_path), "--runs", str(tmp_path)])

@@ -62,6 +62,17 @@ def haystack(run_dir: str | Path, length: int, num_samples: int) -> np.ndarray:
     return tokens[:needed].reshape(num_samples, length).astype(np.int32)
 
 
+def needle_tokens(run_dir: str | Path, length: int, num_samples: int, position: int
+                  ) -> np.ndarray:
+    """[num_samples, length] int32: the needle inputs `spectra` makes for a run (its held-out
+    text with NEEDLE's last token at `position`); the same for every call on the same run."""
+    from train.core.runs import load_run
+
+    _, tokenizer = load_run(run_dir)
+    return needle_inputs(haystack(run_dir, length, num_samples), tokenizer.encode(NEEDLE),
+                         position)
+
+
 def needle_inputs(haystacks: np.ndarray, needle: Sequence[int], position: int) -> np.ndarray:
     """haystacks [N, T] with the needle's tokens ending at `position` (a copy)."""
     needle = np.asarray(needle, np.int32)
@@ -158,8 +169,7 @@ def spectra(run_dir: str | Path, *, step: int | None = None,
     session = build_session(config, tokenizer.vocab_size)
     restored = restore_run_state(run_dir, session, step)
     if tokens is None:
-        tokens = needle_inputs(haystack(run_dir, lengths[-1], num_samples),
-                               tokenizer.encode(NEEDLE), needle_position)
+        tokens = needle_tokens(run_dir, lengths[-1], num_samples, needle_position)
     distances = [length - 1 - needle_position for length in lengths]
     summary, first = run_spectra(config, restored.state["params"], tokens,
                                  needle_position=needle_position, distances=distances)

@@ -1,4 +1,5 @@
-"""`python -m train spectra` (train/cli/spectra.py): its table fits 100 columns."""
+"""`python -m train spectra` (train/cli/spectra.py): its table fits 100 columns; its needle
+inputs can be rebuilt without measuring (train.experiments.spectra.needle_tokens)."""
 
 import pytest
 
@@ -17,3 +18,15 @@ def test_the_spectra_table_fits_100_columns(gdn_cpt_runs, tmp_path, capsys):
     for name in ("spectra.json", "slow_band.png", "compare_layers_0.png", f"{extended} (step 1)"):
         assert name in text
     assert any(line.startswith("ell=15 ") for line in lines), text
+
+
+def test_needle_tokens_are_the_inputs_spectra_measures(gdn_cpt_runs):
+    """The SpectralShift demo's --reference-from-results rebuilds the reference's needle inputs
+    with needle_tokens instead of measuring it again: they must be spectra's own."""
+    from train.experiments.spectra import needle_tokens, spectra
+
+    reference, _, _ = gdn_cpt_runs
+    _, _, measured = spectra(reference, lengths=[40, 64], needle_position=20, num_samples=2)
+    rebuilt = needle_tokens(reference, 64, 2, 20)
+    assert rebuilt.shape == (2, 64) and rebuilt.dtype == measured.dtype
+    assert (rebuilt == measured).all() and len(set(map(bytes, rebuilt))) == 2
