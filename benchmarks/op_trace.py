@@ -2,7 +2,7 @@
 
     python benchmarks/op_trace.py fpa --shape 4,4096,12,64 --fields walk [--out DIR]
     python benchmarks/op_trace.py gdn --shape 4,4096,16,128 [--intra-backward pallas]
-        [--xla-operands float32|16-bit]
+        [--residuals internals|inputs] [--xla-operands float32|16-bit]
     python benchmarks/op_trace.py fpa|fox|softmax ... [--overlap none|dq|dkv|both]
     python benchmarks/op_trace.py fpa ... [--field-passes by_level|all_levels]
     python benchmarks/op_trace.py fpa --shape 4,4096,12,64 1,16384,12,64 --fields walk,flat,fox
@@ -126,7 +126,8 @@ def _knobs(op):
     """The module switches this run's kernels were traced with."""
     if op == "gdn":
         from mixer_kernels.mosaic_gpu.gated_delta import vjp
-        return {"intra_backward": vjp.INTRA_BACKWARD, "xla_operands": vjp.XLA_OPERANDS}
+        return {"intra_backward": vjp.INTRA_BACKWARD, "residuals": vjp.RESIDUALS,
+                "xla_operands": vjp.XLA_OPERANDS}
     from mixer_kernels.mosaic_gpu.attention import backward
     mode = {"fpa": "fpa", "fox": "separable", "softmax": "none"}[op]
     overlap_dq, overlap_dkv = backward.OVERLAP[mode]
@@ -152,6 +153,8 @@ def main():
                         help="attention: the backward sweeps that issue the scores' and dP's "
                              "matmuls together, for every bias mode (unset: the library's "
                              "per-mode mixer_kernels/mosaic_gpu/attention/backward.py OVERLAP)")
+    parser.add_argument("--residuals", choices=("internals", "inputs"), default=None,
+                        help="gdn: what the op keeps for its backward (vjp.RESIDUALS)")
     parser.add_argument("--xla-operands", choices=("float32", "16-bit"), default=None,
                         help="gdn: the operands of the op's XLA matrix products "
                              "(vjp.XLA_OPERANDS)")
@@ -162,7 +165,8 @@ def main():
         from mixer_kernels.mosaic_gpu.attention import backward
         schedule = (args.overlap in ("dq", "both"), args.overlap in ("dkv", "both"))
         backward.OVERLAP = {mode: schedule for mode in backward.OVERLAP}
-    gdn_switches = {"INTRA_BACKWARD": args.intra_backward, "XLA_OPERANDS": args.xla_operands}
+    gdn_switches = {"INTRA_BACKWARD": args.intra_backward, "RESIDUALS": args.residuals,
+                    "XLA_OPERANDS": args.xla_operands}
     if any(value is not None for value in gdn_switches.values()):
         from mixer_kernels.mosaic_gpu.gated_delta import vjp
         for name, value in gdn_switches.items():

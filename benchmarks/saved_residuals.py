@@ -1,7 +1,7 @@
 """What a preset's layers keep for their backward pass, by source line (no GPU needed).
 
     python benchmarks/saved_residuals.py gdn_125m [softmax_rope_125m ...] [--context 2048]
-        [--batch-size 8] [--top 20]
+        [--batch-size 8] [--top 20] [--gdn-residuals internals|inputs]
 
 Traces the loss of a 1- and a 2-layer model of each preset (autodiff residuals, before XLA:
 XLA may fuse away cheap elementwise ones, so this is an upper bound of what stays in memory)
@@ -47,7 +47,13 @@ def main():
     parser.add_argument("--context", type=int, default=2048)
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--top", type=int, default=20)
+    parser.add_argument("--gdn-residuals", choices=("internals", "inputs"),
+                        help="what the gated delta rule's kernels keep (vjp.RESIDUALS; "
+                             "default: the module's setting)")
     args = parser.parse_args()
+    if args.gdn_residuals:
+        from mixer_kernels.mosaic_gpu.gated_delta import vjp
+        vjp.RESIDUALS = args.gdn_residuals
     # the ops read platform_facts when first imported: set it before train imports them
     registry.platform_facts = lambda: {"platform": "gpu", "compute_capability": "9.0"}
     for preset in args.presets:

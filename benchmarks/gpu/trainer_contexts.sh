@@ -2,23 +2,13 @@
 # 2048 (batch 8) and at context 8192 (batch 2: the same tokens per step). Needs the wheels of
 # grain, array_record, portpicker and tensorboardX in .whl/; writes bench_<preset>_<context>.json
 # and trainer_contexts.txt to $OUT. Knobs: PRESETS_2K, PRESETS_8K, STEPS, LIMIT (seconds per
-# run), INTRA ("xla" or "pallas": the GDN presets' WY backward,
-# mixer_kernels/mosaic_gpu/gated_delta/vjp.py INTRA_BACKWARD; unset: the library's default), CONV
-# ("xla": the GDN layers' short convolutions without their kernel backward, gdn_jax/ops/short_conv.py;
-# unset: the library's default), XLA_OPERANDS ("float32" or "16-bit": the GDN op's XLA matrix products,
-# vjp.XLA_OPERANDS) (unset: the library's defaults).
+# run), and the GDN kernels' switches INTRA, CONV, XLA_OPERANDS and RESIDUALS
+# (benchmarks/gpu/train_with_knobs.py; unset: the library's defaults).
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 bench() {  # preset context batch
-  timeout ${LIMIT:-200} python3 -c "import sys
-from mixer_kernels.mosaic_gpu.gated_delta import vjp
-vjp.INTRA_BACKWARD = '${INTRA}' or vjp.INTRA_BACKWARD
-vjp.XLA_OPERANDS = '${XLA_OPERANDS}' or vjp.XLA_OPERANDS
-from gdn_jax.ops import short_conv
-if '${CONV}' == 'xla': short_conv.REGISTRY.default_order = ('xla',)
-from train.cli.entry import main
-sys.exit(main(sys.argv[1:]))" bench $1 --context $2 --batch-size $3 --steps ${STEPS:-8} \
-      --out $OUT/bench_$1_$2${CONV:+_conv_$CONV}${XLA_OPERANDS:+_xla_$XLA_OPERANDS}.json
+  timeout ${LIMIT:-200} python3 benchmarks/gpu/train_with_knobs.py bench $1 --context $2 \
+      --batch-size $3 --steps ${STEPS:-8} --out $OUT/bench_$1_$2${CONV:+_conv_$CONV}${XLA_OPERANDS:+_xla_$XLA_OPERANDS}${RESIDUALS:+_residuals_$RESIDUALS}.json
 }
 run() {
   start=$(date +%s)

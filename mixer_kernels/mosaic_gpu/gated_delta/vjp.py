@@ -18,11 +18,12 @@ the reverse recurrence in `state_kernels.backward_states` and forms, batched ove
     q, k [B, T, H, K]   v [B, T, HV, V]   g, beta [B, T, HV]   S [B, HV, K, V] float32
     internals chunk-major: Kw, W [N, B, HV, C, K] (16-bit), U [N, B, HV, C, V] float32
 
-Residuals: the entering states [N, B, HV, K, V] float32 (as the "xla" path saves), the inputs
-(q padded), W, Kw, P (16-bit), U (float32) and the decays e; (I + A)^{-1} and the outputs
-(`chunk_outputs`) are recomputed in the backward pass. (Keeping only the inputs and running the
-forward kernels again, fla's trade, did not lower the gdn_125m step's peak on an H200:
-docs/benchmarks.md, "Two switches".)
+Residuals (`RESIDUALS = "internals"`): the entering states [N, B, HV, K, V] float32 (as the
+"xla" path saves), the inputs (q padded), W, Kw, P (16-bit), U (float32) and the decays e;
+(I + A)^{-1} and the outputs (`chunk_outputs`) are recomputed in the backward pass. With
+`RESIDUALS = "inputs"` only the inputs are kept and the whole forward runs again in the
+backward pass, behind an optimization barrier so that XLA cannot merge it with the forward
+pass's identical kernel calls (which would keep their outputs alive after all).
 Matrix operands of the kernels are 16-bit (bf16/f16: the dtype of q and k); float32 inputs run
 only in interpret mode (tests), with float32 operands.
 """
@@ -56,6 +57,14 @@ INTRA_BACKWARD = "pallas"
 # device time and nothing measurable off the gdn_125m step, for a larger bf16 error
 # (docs/benchmarks.md, "Two switches"), so float32 is the default.
 XLA_OPERANDS = "float32"
+
+# What the op keeps for its backward pass: "internals" keeps the chunk-major W, Kw, P (16-bit),
+# U and the entering states (float32), about 168 MiB per GDN layer at (8, 2048, 12 heads of 64);
+# "inputs" keeps only the op's inputs and runs the forward (the WY kernel, the forward state
+# kernel, the outputs) again at the start of the backward pass, the trade fla makes. Read when
+# the op is traced. An earlier "inputs" without the barrier lowered no peak on the H200 and
+# cost no time: XLA had merged the recomputation with the forward (docs/benchmarks.md).
+RESIDUALS = "internals"
 
 
 def _manual_axes(*arrays):
@@ -236,17 +245,52 @@ def chunked_forward_pallas(q, k, v, g, beta, *, scale, initial_state, segment_id
 
     Returns (out [B, T, HV, V], final_state [B, HV, K, V]), both float32.
     """
-    seq_len, key_dim = q.shape[1], q.shape[3]
-    num_chunks = -(-seq_len // CHUNK)
+    num_chunks = -(-q.shape[1] // CHUNK)
     dtype = jnp.dtype(compute_dtype(q, k, v, g, beta, initial_state))
     op_dtype = jnp.dtype(operand_dtype(q, k))
     if op_dtype == jnp.float32 and not interpret_active():
         raise ValueError(f"q, k: the pallas kernels need bf16 or fp16 (16-bit tensor-core "
                          f"operands), got {q.dtype}, {k.dtype}")
-    batch, num_v_heads, value_dim = q.shape[0], v.shape[2], v.shape[3]
-    tiling = state_kernels.choose_tiling(num_chunks, CHUNK, key_dim, value_dim, op_dtype,
+    if RESIDUALS not in ("internals", "inputs"):
+        raise ValueError(f"RESIDUALS: expected 'internals' or 'inputs', got {RESIDUALS!r}")
+    tiling = state_kernels.choose_tiling(num_chunks, CHUNK, q.shape[3], v.shape[3], op_dtype,
                                          value_tile=value_tile)
-    scale = float(scale)
+    body = functools.partial(_chunked_body, scale=float(scale), tiling=tiling, dtype=dtype,
+                             op_dtype=op_dtype)
+    if RESIDUALS == "inputs":
+        body = _keeping_inputs_only(body)
+    return body(q, k, v, g, beta, initial_state, segment_ids)
+
+
+def _keeping_inputs_only(body):
+    """body(q, k, v, g, beta, initial_state, segment_ids) that keeps only its inputs for the
+    backward pass, which runs body's forward again on the inputs passed through
+    `optimization_barrier` (so XLA's CSE cannot reuse the forward pass's kernel outputs) and
+    pulls the cotangents through it. (A custom VJP rather than `jax.checkpoint`: the
+    interpreted kernels of the tests carry callback effects that remat does not take.)"""
+
+    @jax.custom_vjp
+    def run(*inputs):
+        return body(*inputs)
+
+    def forward(*inputs):
+        return body(*inputs), inputs
+
+    def backward(inputs, cotangents):
+        *differentiable, segment_ids = jax.lax.optimization_barrier(inputs)
+        _, pull = jax.vjp(lambda *xs: body(*xs, segment_ids), *differentiable)
+        return (*pull(cotangents), None)
+
+    run.defvjp(forward, backward)
+    return run
+
+
+def _chunked_body(q, k, v, g, beta, initial_state, segment_ids, *, scale, tiling, dtype,
+                  op_dtype):
+    """`chunked_forward_pallas` after its checks: (out [B, T, HV, V], final state)."""
+    batch, seq_len, _, key_dim = q.shape
+    num_v_heads, value_dim = v.shape[2], v.shape[3]
+    num_chunks = -(-seq_len // CHUNK)
     padded = num_chunks * CHUNK
     q, k, v = (pad_time(x.astype(op_dtype), padded) for x in (q, k, v))
     rows, entering_decay = wy.chunk_rows(pad_time(g, padded), pad_time(beta, padded),

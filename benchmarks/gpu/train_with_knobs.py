@@ -1,0 +1,27 @@
+"""`python -m train` with the GDN kernels' module switches set from the environment, for the
+GPU scripts beside this file (unset or empty: the library's default):
+
+    INTRA         "xla" | "pallas"          mixer_kernels/mosaic_gpu/gated_delta/vjp.py INTRA_BACKWARD
+    XLA_OPERANDS  "float32" | "16-bit"      vjp.XLA_OPERANDS
+    RESIDUALS     "internals" | "inputs"    vjp.RESIDUALS
+    CONV          "xla"                     the short convolutions without their kernel backward
+
+    python3 benchmarks/gpu/train_with_knobs.py bench gdn_125m --context 2048 --batch-size 8
+"""
+
+import os
+import sys
+
+from gdn_jax.ops import short_conv
+from mixer_kernels.mosaic_gpu.gated_delta import vjp
+from train.cli.entry import main
+
+for name, attribute in (("INTRA", "INTRA_BACKWARD"), ("XLA_OPERANDS", "XLA_OPERANDS"),
+                        ("RESIDUALS", "RESIDUALS")):
+    if os.environ.get(name):
+        setattr(vjp, attribute, os.environ[name])
+if os.environ.get("CONV") == "xla":
+    short_conv.REGISTRY.default_order = ("xla",)
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
