@@ -231,7 +231,8 @@ def main(argv: list[str]) -> int:
         task, methods, reference, out, config, sizes = parse_arguments(argv)
         start = time.perf_counter()
         result = run_probe(task, methods, config, sizes, reference=reference,
-                           progress=progress_line)
+                           progress=progress_line,
+                           after_method=lambda partial: write_outputs(partial, out))
     except (ValueError, TypeError) as error:
         print(f"error: probe: {' '.join(str(error).split())}", file=sys.stderr)
         return 2

@@ -151,13 +151,16 @@ def train_seeds(method: str, task: str, sizes: dict, config: ProbeConfig) -> dic
 
 
 def run_probe(task: str, methods: list[str], config: ProbeConfig, sizes: dict | None = None,
-              reference: str = "fpa", progress: Callable[[str], None] | None = None) -> dict:
+              reference: str = "fpa", progress: Callable[[str], None] | None = None,
+              after_method: Callable[[dict], None] | None = None) -> dict:
     """Every method on `task`; successes, Fisher p-values of `reference` vs each other method.
 
     Returns a JSON-ready dict: task, sizes, threshold, config, and per method successes,
     seeds, final accuracies, curves and wall seconds; "fisher" and "sign_test" map method ->
     one-sided p-value of the reference against it (Fisher; sign test paired by seed).
     progress(line): called before and after each method (its seeds train at once).
+    after_method(result): called after each method with the result of the methods so far (the
+    CLI writes it, so a run stopped midway keeps the methods it finished).
     """
     if task not in TASKS:
         raise ValueError(f"task must be one of {sorted(TASKS)}, got {task!r}")
@@ -187,6 +190,14 @@ def run_probe(task: str, methods: list[str], config: ProbeConfig, sizes: dict | 
             "loss_curves": run["loss"].tolist(),
             "seconds": run["seconds"],
         }
+        if after_method is not None and index < len(methods):
+            after_method(_summary(task, sizes, threshold, reference, config, results))
+    return _summary(task, sizes, threshold, reference, config, results)
+
+
+def _summary(task, sizes, threshold, reference, config, results) -> dict:
+    """run_probe's result for the methods in `results`: the p-values of `reference` against
+    each other one, when it ran."""
     fisher, sign = {}, {}
     if reference in results:
         ref = results[reference]
@@ -199,4 +210,4 @@ def run_probe(task: str, methods: list[str], config: ProbeConfig, sizes: dict | 
     return {"task": task, "sizes": sizes, "threshold": threshold, "reference": reference,
             "config": dataclasses.asdict(config), "steps_axis":
             [config.eval_every * (i + 1) for i in range(config.steps // config.eval_every)],
-            "methods": results, "fisher": fisher, "sign_test": sign}
+            "methods": dict(results), "fisher": fisher, "sign_test": sign}

@@ -1,6 +1,8 @@
 """run_probe's success counts: a seed succeeds when its final held-out accuracy strictly exceeds
 the task's threshold (an accuracy exactly at the threshold is a failure); the Fisher p-values
-are computed from those counts. The per-seed training is replaced by chosen accuracies."""
+are computed from those counts; after each method but the last, the result so far is handed
+out (the CLI writes it, so a stopped run keeps what it finished). The per-seed training is
+replaced by chosen accuracies."""
 
 import numpy as np
 import pytest
@@ -64,3 +66,28 @@ def test_every_seed_above_or_below_the_threshold(monkeypatch):
     assert result["methods"]["fpa"]["successes"] == 3
     assert result["methods"]["fox"]["successes"] == 0
     assert result["fisher"] == {"fox": fisher_greater(3, 3, 0, 3)}
+
+
+def test_the_result_so_far_follows_each_method_but_the_last(monkeypatch):
+    finals = {"fox": [0.5, 1.0, 1.0], "fpa": [1.0, 1.0, 1.0], "softmax_nope": [0.0, 0.0, 1.0]}
+    chosen_accuracies(monkeypatch, finals)
+    partials = []
+    result = run_probe("ladder", list(finals), ProbeConfig(seeds=3, steps=2, eval_every=1),
+                       after_method=partials.append)
+    assert [list(p["methods"]) for p in partials] == [["fox"], ["fox", "fpa"]]
+    assert partials[0]["fisher"] == {}                      # the reference (fpa) had not run
+    assert partials[1]["fisher"] == {"fox": fisher_greater(3, 3, 2, 3)}
+    assert list(result["methods"]) == list(finals)
+    assert partials[1]["methods"]["fox"] == result["methods"]["fox"]
+
+
+def test_the_cli_writes_the_result_after_each_method(monkeypatch, tmp_path):
+    from train.probes import cli
+    finals = {"fpa": [1.0, 1.0], "fox": [0.0, 1.0]}
+    chosen_accuracies(monkeypatch, finals)
+    written = []
+    monkeypatch.setattr(cli, "write_outputs",
+                        lambda result, out: written.append(list(result["methods"])) or {})
+    assert cli.main(["ladder", "methods=fpa,fox", "seeds=2", "steps=2", "eval_every=1",
+                     f"out={tmp_path}"]) == 0
+    assert written == [["fpa"], ["fpa", "fox"]]
