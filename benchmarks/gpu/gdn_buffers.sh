@@ -1,7 +1,7 @@
 # One H200 call (about three minutes): where the peak memory of the gdn_125m train step goes. Compiles
 # and runs `python -m train bench gdn_125m` at 2048 x 8 with XLA's dump on, then keeps the train
 # step's buffer assignment and memory-usage report (the largest live buffers at the peak, with the
-# HLO instruction that makes each). Needs the wheels in .whl/; RESIDUALS=inputs (and the other
+# HLO instruction that makes each). Needs the wheels in .whl/; RESIDUALS=internals (and the other
 # switches of benchmarks/gpu/train_with_knobs.py) picks the GDN op's residuals. Writes gdn_buffers.txt (the bench
 # and the report's head) and gdn_buffers.tar.gz (the report and buffer assignment) to $OUT.
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1

@@ -1,13 +1,13 @@
-# One H200 call (about six minutes): one switch of the gated delta rule
+# One H200 call (about seven minutes): one switch of the gated delta rule
 # (mixer_kernels/mosaic_gpu/gated_delta/vjp.py) against the defaults. SWITCH names it as
-# NAME=value: RESIDUALS=inputs (the default here) or XLA_OPERANDS=16-bit. First per-kernel
+# NAME=value: RESIDUALS=internals (the default here) or XLA_OPERANDS=16-bit. First per-kernel
 # traces of the op's forward+backward at (4, 4096, 16, 128) with the defaults and with the
 # switch; then `python -m train bench gdn_125m` at 2048 x 8 with each (tokens/s, peak memory,
 # compile). Needs the wheels of grain, array_record, portpicker and tensorboardX in .whl/.
 # Writes gdn_switches_ab.txt and the traces' and benches' JSON to $OUT.
-#   SWITCH=RESIDUALS=inputs bash benchmarks/gpu/gdn_switches_ab.sh      carry: [".whl"]
+#   SWITCH=RESIDUALS=internals bash benchmarks/gpu/gdn_switches_ab.sh      carry: [".whl"]
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-switch=${SWITCH:-RESIDUALS=inputs}
+switch=${SWITCH:-RESIDUALS=internals}
 name=${switch%%=*}; value=${switch#*=}
 case $name in RESIDUALS|XLA_OPERANDS) ;; *) echo "error: SWITCH: expected RESIDUALS=... or XLA_OPERANDS=..., got $switch"; exit 2;; esac
 flag="--$(echo $name | tr 'A-Z_' 'a-z-') $value"     # op_trace.py's option
@@ -17,7 +17,7 @@ for option in "" "$flag"; do
   timeout 75 python3 benchmarks/op_trace.py gdn --shape 4,4096,16,128 --top 12 $option \
       --out $OUT 2>&1 | grep -E "wall median|  [0-9.]+ ms"
 done
-export PRESETS_2K=gdn_125m PRESETS_8K= LIMIT=${LIMIT:-150}
+export PRESETS_2K=gdn_125m PRESETS_8K= LIMIT=${LIMIT:-250}
 echo "=== trainer, defaults"
 bash benchmarks/gpu/trainer_contexts.sh
 echo "=== trainer, $switch"

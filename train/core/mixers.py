@@ -31,7 +31,8 @@ Per layer and token with T = data.seq_len and C = the delta rule's chunk (GDN_CH
                width  (4 + 2 (context - 1)) H Dh  (q, k, v, out; with context > 1 the other
                                                    devices' k, v blocks of the ring backward)
     gdn        flops  3 HV (6 K V + (2 K + V) (C + 1))
-               width  4 H K + 5 HV V + HV K V float32 values per chunk (`_gdn_width`)
+               width  4 H K + 5 HV V, plus HV K V float32 values per chunk where the op
+                      keeps its chunk-entering states (`_gdn_width`)
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ from fpa_jax.layers.selective import POSITIONS as SELECTIVE_POSITIONS
 from fpa_jax.layers.softmax import POSITIONS as SOFTMAX_POSITIONS
 from gdn_jax.layer import GatedDeltaNet
 from gdn_jax.ops import api as gdn_api
+from mixer_core.registry import platform_facts
+from mixer_kernels.mosaic_gpu.gated_delta import vjp as gdn_vjp
 from train.core.config import Config, require
 
 GDN = "gdn"
@@ -274,14 +277,31 @@ def _gdn_width(config: Config, context: int) -> int:
     """What a Gated DeltaNet layer keeps for its backward, in compute-dtype values per token
     (gdn_jax/layer.py; its convolutions and norms are recomputed): the q, k, v projections
     (the convolutions' inputs), the op's q, k, v, the output gate z, the op's output and the
-    gated norm's output (4 H K + 5 HV V), and the op's chunk-entering states, HV K V float32
-    values per chunk of GDN_CHUNK tokens; the same with any context axis."""
+    gated norm's output (4 H K + 5 HV V), and, where the op keeps them (`_gdn_keeps_states`),
+    its chunk-entering states, HV K V float32 values per chunk of GDN_CHUNK tokens."""
     g = config.gdn
     key_width = g.num_heads * g.head_dim
     value_heads, value_dim = g.num_v_heads or g.num_heads, g.v_head_dim or g.head_dim
     compute_bytes = jnp.dtype(config.model.dtype).itemsize
     states = value_heads * g.head_dim * value_dim * 4 // (GDN_CHUNK * compute_bytes)
-    return 4 * key_width + 5 * value_heads * value_dim + states
+    return (4 * key_width + 5 * value_heads * value_dim
+            + (states if _gdn_keeps_states(config, context) else 0))
+
+
+def _gdn_keeps_states(config: Config, context: int) -> bool:
+    """Whether the op this config's layers run keeps its chunk-entering states for the
+    backward: the "xla" path does; the "pallas" kernels keep only the op's inputs with their
+    default `RESIDUALS = "inputs"` (mixer_kernels/mosaic_gpu/gated_delta/vjp.py). The op is
+    the one `gdn_api.REGISTRY` would pick on this platform for the layer's inputs."""
+    g = config.gdn
+    facts = dict(platform_facts(), dtype=config.model.dtype, head_dim=g.head_dim,
+                 value_head_dim=g.v_head_dim or g.head_dim, chunk_size=GDN_CHUNK,
+                 seq_len=max(1, config.data.seq_len // context))
+    try:
+        name, _ = gdn_api.REGISTRY.select(g.implementation, **facts)
+    except ValueError:      # an implementation that cannot run here: the layer will say so
+        return True
+    return not (name == "pallas" and gdn_vjp.RESIDUALS == "inputs")
 
 
 GDN_NAMES = MappingProxyType({

@@ -119,3 +119,32 @@ def test_attention_block_size_reaches_the_op(kind, monkeypatch):
         calls.clear()
         jax.eval_shape(mixer.init, jax.random.PRNGKey(0), x)
         assert [call.get("block_size") for call in calls] == [want], overrides
+
+
+def test_gdn_width_counts_chunk_states_only_where_the_op_keeps_them(monkeypatch):
+    """The "xla" path keeps its chunk-entering states (HV K V float32 per chunk); the "pallas"
+    kernels keep them only with RESIDUALS = "internals". The pallas entry is made to run here
+    (as on a Hopper GPU) by claiming its inputs are supported."""
+    from gdn_jax.ops import api as gdn_api
+    from mixer_kernels.mosaic_gpu.gated_delta import vjp
+    import train.core.mixers as mixers
+
+    config = config_of("gdn", "model.dtype=bfloat16")
+    g = config.gdn
+    heads, dim = g.num_v_heads or g.num_heads, g.v_head_dim or g.head_dim
+    states = heads * g.head_dim * dim * 4 // (mixers.GDN_CHUNK * 2)
+    assert states > 0
+    on_cpu = MIXERS["gdn"].width(config, 1)                       # CPU: the "xla" path runs
+    monkeypatch.setattr(mixers, "_gdn_keeps_states", lambda *_: False)
+    assert on_cpu - MIXERS["gdn"].width(config, 1) == states
+    monkeypatch.undo()
+
+    pallas = gdn_api.REGISTRY._entries["pallas"]
+    monkeypatch.setattr(gdn_api.REGISTRY, "_entries", {
+        **gdn_api.REGISTRY._entries,
+        "pallas": dataclasses.replace(pallas, supports=lambda **facts: None)})
+    for residuals, keeps in (("inputs", False), ("internals", True)):
+        monkeypatch.setattr(vjp, "RESIDUALS", residuals)
+        assert mixers._gdn_keeps_states(config, 1) is keeps
+    assert mixers._gdn_keeps_states(load_config(
+        "tiny_fpa", ["model.pattern=G", "gdn.implementation=xla"]), 1)

@@ -222,11 +222,14 @@ def test_inside_shard_map_with_gradients():
     _pallas_matches_reference(loss, args)
 
 
-def test_backward_keeps_no_float32_chunk_products():
-    """The chunk outputs are recomputed in the backward pass (vjp.chunk_outputs): of the
-    float32 [N, B, HV, C, V] tensors only U and the entering states are kept, not float32
-    copies of the 16-bit operands or the products U - W S and Q S (seven more before)."""
+def test_backward_keeps_no_float32_chunk_products(monkeypatch):
+    """The chunk outputs are recomputed in the backward pass (vjp.chunk_outputs): with
+    RESIDUALS = "internals", of the float32 [N, B, HV, C, V] tensors only U and the entering
+    states are kept, not float32 copies of the 16-bit operands or the products U - W S and Q S
+    (seven more before). (With the default "inputs" none is kept: test_gated_delta_residuals.)"""
     from jax._src.ad_checkpoint import saved_residuals
+    from mixer_kernels.mosaic_gpu.gated_delta import vjp
+    monkeypatch.setattr(vjp, "RESIDUALS", "internals")
     batch, seq_len, heads, dim = 2, 256, 2, 64
     x = jnp.zeros((batch, seq_len, heads, dim), jnp.bfloat16)
     gates = jnp.full((batch, seq_len, heads), -0.1, jnp.float32)
