@@ -1,20 +1,24 @@
-# One H200 call per variant (about eight minutes): SpectralShift on the language-model comparison's
-# GDN (configs/lmc_h200_gdn.yaml, 12 x 768 on data/prose). benchmarks/spectralshift_demo.py
+# One H200 call per variant: SpectralShift on the language-model comparison's GDN
+# (configs/lmc_h200_gdn.yaml, 12 x 768 on data/prose). benchmarks/spectralshift_demo.py
 # --size h200_prose pretrains it at 2048 (300 steps of 32 x 2048), then extends it to 8192 in each
 # variant of VARIANTS (100 steps of 8 x 8192, the same tokens for every variant) and measures each:
 # slow-band widths and E_write of a needle, held-out loss at 2048, 8192 and 16384, needle
 # retrieval at 8192. Measured on 2026-12-03: pretraining and measuring the reference took 385 s,
-# so a call that measures the reference has no room for a variant; once
+# most of it compiling (the train step 49 s, then every measure at its own length); pretraining
+# again and one variant with its measures did not finish in 560 s. So once
 # results/spectralshift_h200/results.json holds the reference row, each call pretrains again
-# (same seed and batches) but keeps that row (--reference-from-results) and measures one variant:
-#   VARIANTS=plain bash benchmarks/gpu/spectralshift_one.sh      carry: [".whl", "data/prose"]
-#   VARIANTS=ss_k0.5 ...; VARIANTS=ss_k1 ...                    (one call each)
-# MEASURE_REFERENCE=1 measures the reference again. Commit a call's folder as
+# (same seed and batches) but keeps that row (--reference-from-results) and measures VARIANTS;
+# and every call packs JAX's compilation cache into $OUT/spectralshift_jax_cache.tar.gz: copy it
+# to .cache/ and carry .cache, and the next call compiles nothing it compiled before:
+#   VARIANTS=plain bash benchmarks/gpu/spectralshift_one.sh  carry: [".whl", "data/prose", ".cache"]
+#   VARIANTS=ss_k0.5 ...; VARIANTS=ss_k1 ...
+# MEASURE_REFERENCE=1 measures the reference again. LIMIT (default 540 s) stops the demo in
+# time to pack the cache within a call's 600 s. Commit a call's folder as
 # results/spectralshift_h200/; the next call starts from its results.json. The demo rewrites
 # results.json and table.md after every variant, so a call stopped by LIMIT keeps what it
 # measured. Writes $OUT/spectralshift_h200/ (table.md, results.json, slow_band_gdn.png,
 # spectra_gdn.tar.gz: the spectra report's figures, packed, since a call brings back at most 8
-# files) and the log spectralshift_log.txt.
+# files), the log spectralshift_log.txt and the cache.
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 test -d data/prose || { echo "error: data/prose is missing (carry it: benchmarks/prepare_prose_corpus.py)"; exit 2; }
@@ -24,8 +28,11 @@ if [ -f results/spectralshift_h200/results.json ]; then
     cp results/spectralshift_h200/results.json $OUT/spectralshift_h200/
     [ -z "$MEASURE_REFERENCE" ] && reuse=--reference-from-results
 fi
-timeout ${LIMIT:-570} python3 benchmarks/spectralshift_demo.py --size h200_prose --models gdn \
+mkdir -p /tmp/ss
+[ -f .cache/spectralshift_jax_cache.tar.gz ] && tar -xzf .cache/spectralshift_jax_cache.tar.gz -C /tmp/ss
+timeout ${LIMIT:-540} python3 benchmarks/spectralshift_demo.py --size h200_prose --models gdn \
     --variants ${VARIANTS:-plain} $reuse --out $OUT/spectralshift_h200 --runs /tmp/ss 2>&1 \
-    | grep -v "^step" | tee $OUT/spectralshift_log.txt | tail -30
+    | grep --line-buffered -v "^step" | tee $OUT/spectralshift_log.txt | tail -30
 dir=$OUT/spectralshift_h200
 [ -d $dir/spectra_gdn ] && tar -czf $dir/spectra_gdn.tar.gz -C $dir spectra_gdn && rm -rf $dir/spectra_gdn
+tar -czf $OUT/spectralshift_jax_cache.tar.gz -C /tmp/ss jax_cache && du -h $OUT/spectralshift_jax_cache.tar.gz
