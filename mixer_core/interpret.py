@@ -21,8 +21,10 @@ reaches out of bounds raises (the hardware would drop the out-of-bounds part).
 """
 
 import contextlib
+import functools
 
 import jax
+import numpy as np
 from jax._src import config as _jax_config
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
@@ -35,6 +37,7 @@ def test_params(detect_races: bool = True) -> plgpu.InterpretGPUParams:
 def gpu_interpret(detect_races: bool = True):
     """Force GPU interpret mode for kernels traced inside this context."""
     _add_tma_reduction()
+    _pass_host_arrays_to_interpreter_callbacks()
     with plgpu.force_gpu_interpret_mode(test_params(detect_races)):
         yield
 
@@ -95,6 +98,41 @@ def _add_tma_reduction() -> None:
 
     copy_smem_to_gmem.reduces = True
     callbacks.copy_smem_to_gmem = copy_smem_to_gmem
+
+
+def _pass_host_arrays_to_interpreter_callbacks() -> None:
+    """Hand the interpreter's host callbacks their NumPy arguments as they are.
+
+    JAX's `io_callback` puts every argument on a CPU device (`device_put`) before the Python
+    function sees it; the interpreter calls back for each memory access and barrier, and that
+    copy was a third of an interpreted kernel's time. The interpreter's callbacks read their
+    arguments as NumPy values (ints, indices, buffers), so for them the copy is skipped; every
+    other callback keeps JAX's behaviour."""
+    from jax._src import callback as jax_callback
+    impl = jax_callback.io_callback_impl
+    if getattr(impl, "host_arrays", False):
+        return
+
+    def io_callback_impl(*args, callback, **params):
+        function = getattr(callback, "callback_func", None)
+        while isinstance(function, functools.partial):
+            function = function.func
+        module = getattr(function, "__module__", "") or ""
+        if not module.startswith("jax._src.pallas.mosaic_gpu.interpret"):
+            return impl(*args, callback=callback, **params)
+        return jax.tree.map(np.asarray, callback(*map(_host_value, args)))
+
+    io_callback_impl.host_arrays = True
+    jax_callback.io_callback_impl = io_callback_impl
+
+
+def _host_value(arg):
+    """A callback argument as the interpreter reads it: integer scalars (thread ids, tokens,
+    mesh coordinates) as Python ints, everything else as a NumPy array."""
+    value = np.asarray(arg)
+    if value.ndim == 0 and np.issubdtype(value.dtype, np.integer):
+        return int(value)
+    return value
 
 
 def interpret_active() -> bool:

@@ -6,6 +6,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax._src import callback as jax_callback
+from jax.experimental import io_callback
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
@@ -56,3 +58,24 @@ def test_plain_stores_still_overwrite():
         last, _ = jax.jit(lambda x: _sum_of_tiles(x, False))(x)
     tiles = np.asarray(x).reshape(2, ROWS, 16)
     assert any(np.array_equal(np.asarray(last), tile) for tile in tiles)
+
+
+def test_only_the_interpreters_callbacks_get_host_arrays():
+    """gpu_interpret() hands the interpreter's own callbacks NumPy values (no device_put per
+    memory access); any other io_callback still sees JAX arrays, as JAX gives them."""
+    seen = []
+
+    def record(x):
+        seen.append(type(x))
+        return x
+
+    x = jnp.arange(4.0)
+    y = jnp.asarray(np.random.default_rng(2).standard_normal((2 * ROWS, 16)), jnp.float32)
+    interpret.reset()
+    with interpret.gpu_interpret():
+        got = jax.jit(lambda x: io_callback(record, jax.ShapeDtypeStruct(x.shape, x.dtype), x))(x)
+        total, _ = jax.jit(lambda y: _sum_of_tiles(y, True))(y)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(x))
+    assert seen and all(issubclass(kind, jax.Array) for kind in seen), seen
+    np.testing.assert_allclose(np.asarray(total), np.asarray(y[:ROWS] + y[ROWS:]), rtol=1e-6)
+    assert getattr(jax_callback.io_callback_impl, "host_arrays", False)
