@@ -1,6 +1,7 @@
 """`python -m train spectra` (train/cli/spectra.py): its table fits 100 columns; its needle
 inputs can be rebuilt without measuring (train.experiments.spectra.needle_tokens)."""
 
+import numpy as np
 import pytest
 
 from train.cli.entry import main
@@ -30,3 +31,12 @@ def test_needle_tokens_are_the_inputs_spectra_measures(gdn_cpt_runs):
     rebuilt = needle_tokens(reference, 64, 2, 20)
     assert rebuilt.shape == (2, 64) and rebuilt.dtype == measured.dtype
     assert (rebuilt == measured).all() and len(set(map(bytes, rebuilt))) == 2
+    # the needle's tokens end at the position, in held-out text of the run (its eval split)
+    from train.core.runs import load_run
+    from train.experiments.spectra import NEEDLE, haystack
+    needle = np.asarray(load_run(reference)[1].encode(NEEDLE))
+    assert (rebuilt[:, 21 - len(needle):21] == needle).all()
+    text = haystack(reference, 64, 2)
+    outside = np.ones(64, bool)
+    outside[21 - len(needle):21] = False
+    assert (rebuilt[:, outside] == text[:, outside]).all()
