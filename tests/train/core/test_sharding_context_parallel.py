@@ -8,7 +8,7 @@ float32, on data 1 x fsdp 2 x tensor 1 x context 4
     float32 reordering;
   * packed documents: row 0 has a document starting exactly at device 1's first token, row 1
     boundaries inside devices 1 and 3, row 2 a random cut, row 3 one document;
-  * the program really takes the context-parallel path: the traced step has a `ppermute`, a
+  * the program really takes the context-parallel path: the traced loss has a `ppermute`, a
     shard_map whose body sees T / 4 = 8 tokens, and per-token activations constrained along
     "context" (the equality alone would also hold if everything were gathered);
   * attention.block_size (set in the FoX case) reaches the ring forms;
@@ -72,9 +72,12 @@ SCRIPT = textwrap.dedent("""
         with mesh_context(session.mesh):
             state = session.init_state()
             global_batch = to_global(session, batch)
-            text = str(jax.make_jaxpr(session.train_step)(state, global_batch)) if trace else ""
-            value_and_grad = jax.jit(jax.value_and_grad(loss), in_shardings=(
-                shardings, {name: session.batch_sharding for name in batch}))
+            # the loss's own trace shows the path the model takes (no second trace of the step)
+            traced = jax.jit(jax.value_and_grad(loss), in_shardings=(
+                shardings, {name: session.batch_sharding for name in batch})).trace(
+                state["params"], global_batch)
+            text = str(traced.jaxpr) if trace else ""
+            value_and_grad = traced.lower().compile()
             first, grads = value_and_grad(state["params"], global_batch)
             stepped = jax.tree.map(lambda p, g: p - LR * g, state["params"], grads)
             second, _ = value_and_grad(stepped, global_batch)
