@@ -11,8 +11,9 @@ out-of-memory errors.
                  w_layer = 4 d + (|q| + |k| + |v| + |out|) + 2 mlp   (the values one block
                  keeps for its backward: norms, residuals, the mixer's q/k/v/output (its
                  kind's `MixerSpec.width`, train/core/mixers.py: 4 H Dh for attention; for
-                 GDN 4 H K + 5 HV V, and its chunk states where its op keeps them), MLP hidden), or d with model.remat
-                 (only the block input; one block's w_layer is live while it recomputes);
+                 GDN 4 H K + 5 HV V, and its chunk states where its op keeps them), MLP
+                 hidden), or d with model.remat (only the block input; one block's w_layer
+                 is live while it recomputes);
                  with context > 1 an attention layer adds (context - 1) 2 H Dh: its ring's
                  backward keeps the key and value blocks received from the other context - 1
                  devices (fpa_jax/context_parallel.py), O(T) per device, not O(T / context)
