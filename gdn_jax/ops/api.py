@@ -147,6 +147,16 @@ def _facts(q, v, initial_state, segment_ids, chunk_size):
             "has_initial_state": initial_state is not None, "chunk_size": chunk_size}
 
 
+def keeps_chunk_states(implementation=None, **facts) -> bool:
+    """Whether the implementation `gated_delta_rule` runs on inputs with these `facts` (those
+    of `supports`, less the platform's, which are added here) keeps the chunk-entering states
+    [N, B, HV, K, V] float32 for its backward pass: "xla" does, "pallas" only with its
+    `RESIDUALS = "internals"`; "reference" keeps them per token (True: at least these).
+    Raises ValueError where `gated_delta_rule` would (an unknown or unsupported name)."""
+    name, _ = REGISTRY.select(implementation, **platform_facts(), **facts)
+    return pallas_backend.keeps_chunk_states() if name == "pallas" else True
+
+
 def recurrent_gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None,
                                output_final_state=False, segment_ids=None):
     """Token-by-token oracle (a `lax.scan` over T; autodiff stores every state).

@@ -215,6 +215,24 @@ def test_default_falls_through_to_the_next_entry_that_supports_the_inputs(monkey
         gated_delta_rule(*make_inputs(26, 1, 5, 1, 1, 4, 4)[:5], implementation="pallas")
 
 
+def test_keeps_chunk_states_asks_the_implementation_that_would_run(monkeypatch):
+    """"xla" keeps its chunk-entering states; the default picks what `gated_delta_rule` would
+    (here a stand-in "pallas" that takes every input), which answers for itself."""
+    from mixer_kernels.mosaic_gpu.gated_delta import vjp
+    facts = dict(dtype="bfloat16", head_dim=64, value_head_dim=64, chunk_size=64, seq_len=128)
+    assert api.keeps_chunk_states("xla", **facts)
+    twin = Registry("gated_delta_rule", default_order=api.REGISTRY.default_order)
+    twin.register("pallas", api.REGISTRY.select("xla")[1], lambda **_: None)
+    twin.register("xla", api.REGISTRY.select("xla")[1])
+    monkeypatch.setattr(api, "REGISTRY", twin)
+    for residuals, keeps in (("inputs", False), ("internals", True)):
+        monkeypatch.setattr(vjp, "RESIDUALS", residuals)
+        assert api.keeps_chunk_states(None, **facts) is keeps
+        assert api.keeps_chunk_states("xla", **facts)
+    with pytest.raises(ValueError, match="no implementation 'fast'"):
+        api.keeps_chunk_states("fast", **facts)
+
+
 GRADIENT_CASES = [
     dict(seq_len=37, chunk_size=16, heads=2, v_heads=4, key_dim=8, value_dim=8, seed=31,
          packed=False, regimes=("normal", "near_one")),

@@ -53,8 +53,6 @@ from fpa_jax.layers.selective import POSITIONS as SELECTIVE_POSITIONS
 from fpa_jax.layers.softmax import POSITIONS as SOFTMAX_POSITIONS
 from gdn_jax.layer import GatedDeltaNet
 from gdn_jax.ops import api as gdn_api
-from mixer_core.registry import platform_facts
-from mixer_kernels.mosaic_gpu.gated_delta import vjp as gdn_vjp
 from train.core.config import Config, require
 
 GDN = "gdn"
@@ -289,19 +287,17 @@ def _gdn_width(config: Config, context: int) -> int:
 
 
 def _gdn_keeps_states(config: Config, context: int) -> bool:
-    """Whether the op this config's layers run keeps its chunk-entering states for the
-    backward: the "xla" path does; the "pallas" kernels keep only the op's inputs with their
-    default `RESIDUALS = "inputs"` (mixer_kernels/mosaic_gpu/gated_delta/vjp.py). The op is
-    the one `gdn_api.REGISTRY` would pick on this platform for the layer's inputs."""
+    """Whether the op this config's layers run (`gdn_api.keeps_chunk_states`, for the
+    layer's inputs on this platform, T / context tokens per device) keeps its chunk-entering
+    states for the backward."""
     g = config.gdn
-    facts = dict(platform_facts(), dtype=config.model.dtype, head_dim=g.head_dim,
-                 value_head_dim=g.v_head_dim or g.head_dim, chunk_size=GDN_CHUNK,
-                 seq_len=max(1, config.data.seq_len // context))
     try:
-        name, _ = gdn_api.REGISTRY.select(g.implementation, **facts)
+        return gdn_api.keeps_chunk_states(
+            g.implementation, dtype=config.model.dtype, head_dim=g.head_dim,
+            value_head_dim=g.v_head_dim or g.head_dim, chunk_size=GDN_CHUNK,
+            seq_len=max(1, config.data.seq_len // context))
     except ValueError:      # an implementation that cannot run here: the layer will say so
         return True
-    return not (name == "pallas" and gdn_vjp.RESIDUALS == "inputs")
 
 
 GDN_NAMES = MappingProxyType({

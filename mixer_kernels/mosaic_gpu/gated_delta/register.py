@@ -32,6 +32,12 @@ def supports(**facts):
     return None
 
 
+def keeps_chunk_states() -> bool:
+    """Whether the kernels keep their chunk-entering states for the backward pass: only with
+    `vjp.RESIDUALS = "internals"` (the default "inputs" keeps the op's inputs alone)."""
+    return vjp.RESIDUALS == "internals"
+
+
 def gated_delta_rule_pallas(q, k, v, g, beta, *, scale, initial_state, segment_ids, chunk_size):
     """The registry's `fn`: (out [B, T, HV, V] float32, final_state [B, HV, K, V] float32)."""
     if chunk_size != CHUNK:

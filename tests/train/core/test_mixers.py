@@ -122,29 +122,30 @@ def test_attention_block_size_reaches_the_op(kind, monkeypatch):
 
 
 def test_gdn_width_counts_chunk_states_only_where_the_op_keeps_them(monkeypatch):
-    """The "xla" path keeps its chunk-entering states (HV K V float32 per chunk); the "pallas"
-    kernels keep them only with RESIDUALS = "internals". The pallas entry is made to run here
-    (as on a Hopper GPU) by claiming its inputs are supported."""
+    """The width adds HV K V float32 values per chunk exactly where the op says it keeps its
+    chunk-entering states (`gdn_api.keeps_chunk_states`, asked with the layer's
+    implementation and T / context tokens per device); an implementation that cannot run
+    here counts them."""
     from gdn_jax.ops import api as gdn_api
-    from mixer_kernels.mosaic_gpu.gated_delta import vjp
+    from mixer_core.registry import UnsupportedImplementationError
     import train.core.mixers as mixers
 
-    config = config_of("gdn", "model.dtype=bfloat16")
+    config = config_of("gdn", "model.dtype=bfloat16", "data.seq_len=64")
     g = config.gdn
     heads, dim = g.num_v_heads or g.num_heads, g.v_head_dim or g.head_dim
     states = heads * g.head_dim * dim * 4 // (mixers.GDN_CHUNK * 2)
-    assert states > 0
-    on_cpu = MIXERS["gdn"].width(config, 1)                       # CPU: the "xla" path runs
-    monkeypatch.setattr(mixers, "_gdn_keeps_states", lambda *_: False)
-    assert on_cpu - MIXERS["gdn"].width(config, 1) == states
-    monkeypatch.undo()
+    asked, keeps = [], {"now": True}
 
-    pallas = gdn_api.REGISTRY._entries["pallas"]
-    monkeypatch.setattr(gdn_api.REGISTRY, "_entries", {
-        **gdn_api.REGISTRY._entries,
-        "pallas": dataclasses.replace(pallas, supports=lambda **facts: None)})
-    for residuals, keeps in (("inputs", False), ("internals", True)):
-        monkeypatch.setattr(vjp, "RESIDUALS", residuals)
-        assert mixers._gdn_keeps_states(config, 1) is keeps
-    assert mixers._gdn_keeps_states(load_config(
-        "tiny_fpa", ["model.pattern=G", "gdn.implementation=xla"]), 1)
+    def answer(implementation, **facts):
+        asked.append((implementation, facts["seq_len"], facts["chunk_size"]))
+        if keeps["now"] is None:
+            raise UnsupportedImplementationError("not here")
+        return keeps["now"]
+
+    monkeypatch.setattr(gdn_api, "keeps_chunk_states", answer)
+    widths = {}
+    for keeps["now"] in (True, False, None):
+        widths[keeps["now"]] = MIXERS["gdn"].width(config, 4)
+    assert widths[True] - widths[False] == states > 0
+    assert widths[None] == widths[True]
+    assert asked == [(g.implementation, 16, mixers.GDN_CHUNK)] * 3

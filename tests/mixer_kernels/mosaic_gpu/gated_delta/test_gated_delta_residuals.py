@@ -11,7 +11,7 @@ from jax._src.ad_checkpoint import saved_residuals
 
 from gdn_jax.ops import api
 from mixer_core import interpret
-from mixer_kernels.mosaic_gpu.gated_delta import vjp
+from mixer_kernels.mosaic_gpu.gated_delta import register, vjp
 from tests.mixer_kernels.mosaic_gpu.gated_delta.op_cases import op_arguments
 from tests.seeds import case_seed
 
@@ -39,6 +39,8 @@ def test_what_the_backward_keeps(residuals, monkeypatch):
         saved = saved_residuals(_loss("pallas", segment_ids, d_out), *args)
     # rank >= 5: chunk-major [N, B, HV, ...] internals
     internals = [aval.shape for aval, _ in saved if aval.ndim >= 5]
+    # what the backend tells the trainer's memory estimate (register.keeps_chunk_states)
+    assert register.keeps_chunk_states() is (residuals == "internals")
     if residuals == "internals":    # W, Kw, P, U and the entering states: [3 chunks, B, ...]
         assert len([shape for shape in internals if shape[:2] == (3, BATCH)]) >= 5, internals
     else:
