@@ -27,16 +27,19 @@ def test_needle_tokens_are_the_inputs_spectra_measures(gdn_cpt_runs):
     from train.experiments.spectra import needle_tokens, spectra
 
     reference, _, _ = gdn_cpt_runs
-    _, _, measured = spectra(reference, lengths=[40, 64], needle_position=20, num_samples=2)
-    rebuilt = needle_tokens(reference, 64, 2, 20)
+    position = 20
+    _, _, measured = spectra(reference, lengths=[40, 64], needle_position=position,
+                             num_samples=2)
+    rebuilt = needle_tokens(reference, 64, 2, position)
     assert rebuilt.shape == (2, 64) and rebuilt.dtype == measured.dtype
     assert (rebuilt == measured).all() and len(set(map(bytes, rebuilt))) == 2
     # the needle's tokens end at the position, in held-out text of the run (its eval split)
     from train.core.runs import load_run
     from train.experiments.spectra import NEEDLE, haystack
     needle = np.asarray(load_run(reference)[1].encode(NEEDLE))
-    assert (rebuilt[:, 21 - len(needle):21] == needle).all()
+    at_needle = slice(position + 1 - len(needle), position + 1)
+    assert (rebuilt[:, at_needle] == needle).all()
     text = haystack(reference, 64, 2)
     outside = np.ones(64, bool)
-    outside[21 - len(needle):21] = False
+    outside[at_needle] = False
     assert (rebuilt[:, outside] == text[:, outside]).all()
