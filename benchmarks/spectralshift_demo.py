@@ -258,6 +258,10 @@ def main(argv=None) -> int:
                         help="keep the reference row of --out's results.json instead of "
                              "measuring the pretrained model again (the pretraining repeats "
                              "with the same seed and batches; only the variants are measured)")
+    parser.add_argument("--skip-measured", action="store_true",
+                        help="variants that already have a row in --out's results.json are "
+                             "neither trained nor measured again (re-running a call that a "
+                             "time limit stopped continues it)")
     args = parser.parse_args(argv)
     size = SIZES[args.size]
     out = Path(args.out or f"results/spectralshift_{args.size}")
@@ -312,13 +316,20 @@ def main(argv=None) -> int:
             text = save(model, rows)
             print(f"[{time.time() - started:.0f}s] {model} reference measured", flush=True)
         for name in args.variants:
+            if args.skip_measured and any(row["variant"] == name
+                                          for row in earlier_rows.get(model, [])):
+                print(f"{model} {name}: measured before, skipped", flush=True)
+                continue
             extend(size, pattern, reference, name, runs / model / name)
             after = measure(runs / model / name, size, before["tokens"], position)
             rows.append({"variant": name, "s": VARIANT_S[name], **after})
             text = save(model, rows)
             print(f"[{time.time() - started:.0f}s] {model} {name} measured", flush=True)
-        after = next((r for r in rows if r["variant"] == "ss_k0.5"), rows[-1])
+        text = save(model, rows)
+        after = next((r for r in rows if r["variant"] == "ss_k0.5"), rows[-1] if rows else {})
         measured = [r for r in (before, after) if "first" in r]
+        if not measured:
+            continue
         write_report([r["summary"] for r in measured], [r["first"] for r in measured],
                      out / f"spectra_{model}")
     print(text)

@@ -16,23 +16,28 @@
 # time to pack the cache within a call's 600 s. Commit a call's folder as
 # results/spectralshift_h200/; the next call starts from its results.json. The demo rewrites
 # results.json and table.md after every variant, so a call stopped by LIMIT keeps what it
-# measured. Writes $OUT/spectralshift_h200/ (table.md, results.json, slow_band_gdn.png,
+# measured; issued again while the machine is warm, the command continues where it stopped. Writes $OUT/spectralshift_h200/ (table.md, results.json, slow_band_gdn.png,
 # spectra_gdn.tar.gz: the spectra report's figures, packed, since a call brings back at most 8
 # files), the log spectralshift_log.txt and the cache.
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 test -d data/prose || { echo "error: data/prose is missing (carry it: benchmarks/prepare_prose_corpus.py)"; exit 2; }
-mkdir -p $OUT/spectralshift_h200
+# /tmp/ss (runs, compile cache, results) outlives a call while the machine stays warm, so the
+# same command issued again at once continues: finished runs resume at their last step,
+# measured variants are skipped (--skip-measured), and the cache is already there.
+out=/tmp/ss/out
+mkdir -p $out $OUT/spectralshift_h200
 reuse=""
-if [ -f results/spectralshift_h200/results.json ]; then
-    cp results/spectralshift_h200/results.json $OUT/spectralshift_h200/
-    [ -z "$MEASURE_REFERENCE" ] && reuse=--reference-from-results
+if [ ! -f $out/results.json ] && [ -f results/spectralshift_h200/results.json ]; then
+    cp results/spectralshift_h200/results.json $out/
 fi
-mkdir -p /tmp/ss
-[ -f .cache/spectralshift_jax_cache.tar.gz ] && tar -xzf .cache/spectralshift_jax_cache.tar.gz -C /tmp/ss
+[ -f $out/results.json ] && [ -z "$MEASURE_REFERENCE" ] && reuse=--reference-from-results
+[ -d /tmp/ss/jax_cache ] || { [ -f .cache/spectralshift_jax_cache.tar.gz ] && tar -xzf .cache/spectralshift_jax_cache.tar.gz -C /tmp/ss; }
+echo "warm state: $(ls /tmp/ss/gdn 2>/dev/null | tr '\n' ' ')"
 timeout ${LIMIT:-540} python3 benchmarks/spectralshift_demo.py --size h200_prose --models gdn \
-    --variants ${VARIANTS:-plain} $reuse --out $OUT/spectralshift_h200 --runs /tmp/ss 2>&1 \
-    | grep --line-buffered -v "^step" | tee $OUT/spectralshift_log.txt | tail -30
+    --variants ${VARIANTS:-plain} $reuse --skip-measured --out $out --runs /tmp/ss 2>&1 \
+    | grep --line-buffered -v "^step" | tee -a $OUT/spectralshift_log.txt | tail -30
 dir=$OUT/spectralshift_h200
-[ -d $dir/spectra_gdn ] && tar -czf $dir/spectra_gdn.tar.gz -C $dir spectra_gdn && rm -rf $dir/spectra_gdn
+cp $out/results.json $out/table.md $out/*.png $dir/ 2>/dev/null
+[ -d $out/spectra_gdn ] && tar -czf $dir/spectra_gdn.tar.gz -C $out spectra_gdn
 tar -czf $OUT/spectralshift_jax_cache.tar.gz -C /tmp/ss jax_cache && du -h $OUT/spectralshift_jax_cache.tar.gz
