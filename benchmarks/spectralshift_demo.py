@@ -142,7 +142,8 @@ def retrieval(run_dir: Path, target: int, samples: int) -> dict | str:
     except ImportError:
         return "n/a (train.experiments.long_eval not available)"
     result = evaluate_long(run_dir, lengths=[target], depths=(0.1, 0.5, 0.9),
-                           num_samples=samples, seed=0, position_batches=1)
+                           num_samples=samples, seed=0, position_factor=2,
+                           position_batches=1)
     accuracy = {}
     for task in TASKS:
         cells = [row[0] for row in result[task]["accuracy"] if row[0] is not None]

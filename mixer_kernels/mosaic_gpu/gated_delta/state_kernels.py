@@ -16,7 +16,8 @@ Backward (`backward_states`), the reverse recurrence of the cotangents, lambda_N
 returns lambda_{c+1} per chunk [N, B, HV, K, V], dU [N, B, HV, C, V] and lambda_0 (= dS_0).
 
 Chunk-major layouts: Kw, W [N, B, HV, C, K]; U [N, B, HV, C, V]; rho [B, HV, N4] (N padded to
-a multiple of 4 for the copy engine). One block per (V tile, value head, batch) keeps its state
+a multiple of 4 for the copy engine; the row travels in copies of at most TMA_MAX_ELEMENTS,
+the copy engine's limit per dimension, so T / C may exceed it). One block per (V tile, value head, batch) keeps its state
 tile [K, Vt] in registers across all chunks; the next chunk's tiles are copied (TMA) while the
 current one computes. Matrix products run on the tensor cores (wgmma) with 16-bit operands (the
 state is rounded to the input dtype for the product, as the accumulation stays float32);
@@ -89,6 +90,10 @@ def choose_tiling(num_chunks, chunk, key_dim, value_dim, operand_dtype, value_ti
                      f"{num_chunks} chunks")
 
 
+# The copy engine (TMA) moves at most 256 elements along each dimension of one copy.
+TMA_MAX_ELEMENTS = 256
+
+
 def padded_chunks(num_chunks):
     return -(-num_chunks // 4) * 4
 
@@ -119,10 +124,12 @@ def _stream_scratch(chunk, key_dim, tile_rows, vt, rho_len, op_dtype, swizzle):
 
 def _launch(kernel, name, out_type, scratch, tiling, num_v_heads, batch, interpret, *operands):
     """One program per (value tile, value head, batch); scratch is followed by the stream's
-    barriers (loaded: two slots of three copies; the head's two loads)."""
+    barriers (loaded: two slots of three copies; the head's loads: its rho row's pieces and its
+    state tile). operands: (Kw, W, U or G, rho, S_0 or dS_N)."""
     kernel.__name__ = name  # the kernel's name in profiles
+    rho_len = operands[3].shape[-1]
     barriers = (plgpu.Barrier(num_arrivals=3, num_barriers=2),
-                plgpu.Barrier(num_arrivals=2, num_barriers=1))
+                plgpu.Barrier(num_arrivals=1 + len(_rho_pieces(rho_len)), num_barriers=1))
     return plgpu.kernel(
         kernel, out_type=out_type, scratch_types=(*scratch, *barriers),
         grid=(tiling.num_value_tiles, num_v_heads, batch), grid_names=("vt", "hv", "b"),
@@ -130,10 +137,18 @@ def _launch(kernel, name, out_type, scratch, tiling, num_v_heads, batch, interpr
     )(*operands)
 
 
+def _rho_pieces(rho_len):
+    """(start, size) of the copies that move a rho row of `rho_len` (a multiple of 4)."""
+    return [(start, min(TMA_MAX_ELEMENTS, rho_len - start))
+            for start in range(0, rho_len, TMA_MAX_ELEMENTS)]
+
+
 def _load_head(rho_ref, rho_smem, state_ref, state_smem, arrived, b, head, columns):
-    """Starts the TMA of the head's rho row and its starting state tile (S_0 forward, d S_final
-    backward), both arriving on `arrived`."""
-    plgpu.copy_gmem_to_smem(rho_ref.at[b, head], rho_smem, arrived)
+    """Starts the TMAs of the head's rho row and its starting state tile (S_0 forward,
+    d S_final backward), all arriving on `arrived` (1 + len(_rho_pieces) arrivals)."""
+    for start, size in _rho_pieces(rho_smem.shape[0]):
+        piece = pl.ds(start, size)
+        plgpu.copy_gmem_to_smem(rho_ref.at[b, head, piece], rho_smem.at[piece], arrived)
     plgpu.copy_gmem_to_smem(state_ref.at[b, head, :, columns], state_smem, arrived)
 
 

@@ -52,9 +52,12 @@ def _rel(a, b):
     (1, 2, 2, 1, 128, 64, 32, jnp.float32, 1e-5),     # two value tiles, K != V
     (2, 3, 1, 1, 64, 64, 64, jnp.bfloat16, 3e-2),     # 16-bit operands, float32 state
     (3, 2, 1, 1, 64, 128, 64, jnp.float16, 5e-3),
+    (4, 9, 1, 1, 64, 64, 64, jnp.float32, 1e-5),      # rho row in three copies (limit 4 here)
 ])
 def test_state_kernels_match_recurrence(case, num_chunks, batch, heads, key_dim, value_dim,
-                                        value_tile, dtype, tol):
+                                        value_tile, dtype, tol, monkeypatch):
+    if case == 4:   # the copy engine's 256-element limit, scaled down to 9 chunks
+        monkeypatch.setattr(state_kernels, "TMA_MAX_ELEMENTS", 4)
     kw, w, u, rho, s0, d_states, d_final = _inputs(case_seed(100 + case), num_chunks, batch, heads,
                                                    key_dim, value_dim, dtype)
     tiling = state_kernels.Tiling(64, key_dim, value_dim, value_tile)
@@ -83,12 +86,14 @@ def test_choose_tiling_rejects_unsupported_sizes():
     assert state_kernels.choose_tiling(64, 64, 64, 128, jnp.bfloat16, value_tile=32).value_tile == 32
 
 
-@pytest.mark.parametrize("key_dim, value_dim, dtype", [
-    (128, 128, jnp.bfloat16), (64, 256, jnp.float16), (256, 64, jnp.bfloat16)])
-def test_kernels_lower_to_mosaic_gpu(key_dim, value_dim, dtype):
-    """Lowering for a CUDA device (done on the CPU) runs Mosaic GPU's layout inference and
-    shared-memory check, which interpret mode skips (a narrow value tile once failed there)."""
-    num_chunks, batch, heads = 3, 1, 2
+@pytest.mark.parametrize("num_chunks, key_dim, value_dim, dtype", [
+    (3, 128, 128, jnp.bfloat16), (3, 64, 256, jnp.float16), (3, 256, 64, jnp.bfloat16),
+    (513, 128, 128, jnp.bfloat16)])   # T = 32832: a rho row of more than 256 elements
+def test_kernels_lower_to_mosaic_gpu(num_chunks, key_dim, value_dim, dtype):
+    """Lowering for a CUDA device (done on the CPU) runs Mosaic GPU's layout inference,
+    shared-memory check and copy limits, which interpret mode skips (a narrow value tile, and
+    T / 64 > 256 chunks, once failed there)."""
+    batch, heads = 1, 2
     tiling = state_kernels.choose_tiling(num_chunks, 64, key_dim, value_dim, dtype)
     spec = jax.ShapeDtypeStruct
     keys = spec((num_chunks, batch, heads, 64, key_dim), dtype)
