@@ -56,6 +56,7 @@ def value_and_grads(implementation, args, **kw):
 
 
 def check_against_reference(args, rtol=2e-5, segment_ids=None, **kw):
+    """Output and gradients of "xla" against "reference"; returns the "xla" ones."""
     ref_kw = {k: v for k, v in kw.items() if k != "block_size"}
     want, grads_want = value_and_grads("reference", args, segment_ids=segment_ids, **ref_kw)
     got, grads_got = value_and_grads("xla", args, segment_ids=segment_ids, **kw)
@@ -64,6 +65,7 @@ def check_against_reference(args, rtol=2e-5, segment_ids=None, **kw):
     for name, g, w in zip(("q", "k", "v", "phi", "psi", "beta"), grads_got, grads_want):
         assert g.dtype == w.dtype and g.shape == w.shape
         assert_close(g, w, rtol, f"d{name}")
+    return got, grads_got
 
 
 @pytest.mark.parametrize("length,block,query_level,content", [
@@ -164,13 +166,10 @@ def test_small_tau_gradient_matches_finite_differences_of_hard_forward():
 @pytest.mark.slow
 def test_tau_changes_only_the_gradient():
     args = make_inputs(SEED + 8, length=50)
-    out_1 = jax.jit(functools.partial(fpa_attention, tau=1.0))(*args)
-    out_2 = jax.jit(functools.partial(fpa_attention, tau=0.3))(*args)
+    out_1, grads_1 = value_and_grads("xla", args, tau=1.0, block_size=16)
+    out_2, grads_2 = check_against_reference(args, tau=0.3, block_size=16)
     np.testing.assert_array_equal(np.asarray(out_1), np.asarray(out_2))
-    g1 = jax.jit(jax.grad(loss_fn("xla", tau=1.0), argnums=3))(*args)
-    g2 = jax.jit(jax.grad(loss_fn("xla", tau=0.3), argnums=3))(*args)
-    assert not np.allclose(np.asarray(g1), np.asarray(g2))
-    check_against_reference(args, tau=0.3, block_size=16)
+    assert not np.allclose(np.asarray(grads_1[3]), np.asarray(grads_2[3]))   # d phi
 
 
 @pytest.mark.slow

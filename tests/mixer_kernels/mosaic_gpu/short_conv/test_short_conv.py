@@ -46,8 +46,6 @@ CASES = {   # case: (length, normalize_heads, documents, dtype)
     2: (1, 2, False, jnp.float32),      # T = 1: only the last tap sees data
     3: (3, None, True, jnp.float32),    # T shorter than the taps
     4: (130, 2, True, jnp.bfloat16),    # bf16, several blocks
-    5: (65, None, True, jnp.float32),   # the last block's one row: its shifted tiles lie past T
-    6: (200, None, True, jnp.bfloat16), # blocks away from both ends (unclipped copies)
 }
 
 
