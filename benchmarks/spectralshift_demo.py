@@ -60,7 +60,8 @@ SIZES = {
     # one H200, GDN only: the lm_compare --size h200 GDN (configs/lmc_h200_gdn.yaml: 12 x 768
     # on data/prose) pretrained at 2048 for 300 steps of 32 x 2048 (19.7M tokens), then 100
     # steps of 8 x 8192 per variant; on one H200 the reference's pretraining and measures take
-    # 385 s, so one variant per call with --reference-from-results (benchmarks/gpu/)
+    # 385 s, so later calls keep its row (--reference-from-results) and continue one another
+    # (--skip-measured; benchmarks/gpu/spectralshift_one.sh)
     "h200_prose": dict(short=2048, batch=32, pretrain_steps=300, cpt_steps=100, lr=1e-3,
                        cpt_lr=3e-4, eval_batches=4, samples=8, retrieval_samples=16,
                        presets={"G": "lmc_h200_gdn"}, beyond=True),
@@ -226,6 +227,15 @@ def merge_rows(rows: list[dict], earlier: list[dict]) -> list[dict]:
                   key=lambda row: order.index(row["variant"]))
 
 
+def variants_to_run(variants: list[str], earlier: list[dict], skip_measured: bool) -> list[str]:
+    """The variants this command trains and measures: all, or (--skip-measured) those without
+    a row among the earlier command's rows of the model."""
+    measured = {row["variant"] for row in earlier} if skip_measured else set()
+    for name in sorted(measured & set(variants), key=variants.index):
+        print(f"{name}: measured before, skipped", flush=True)
+    return [name for name in variants if name not in measured]
+
+
 def plot_variants(rows: list[dict], model: str, path: Path) -> Path:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -316,11 +326,8 @@ def main(argv=None) -> int:
             rows = [{"variant": "reference", "s": 1.0, **before}]
             text = save(model, rows)
             print(f"[{time.time() - started:.0f}s] {model} reference measured", flush=True)
-        for name in args.variants:
-            if args.skip_measured and any(row["variant"] == name
-                                          for row in earlier_rows.get(model, [])):
-                print(f"{model} {name}: measured before, skipped", flush=True)
-                continue
+        for name in variants_to_run(args.variants, earlier_rows.get(model, []),
+                                    args.skip_measured):
             extend(size, pattern, reference, name, runs / model / name)
             after = measure(runs / model / name, size, before["tokens"], position)
             rows.append({"variant": name, "s": VARIANT_S[name], **after})

@@ -83,6 +83,14 @@ def test_a_later_call_adds_its_variants_and_replaces_the_reference(demo):
         ("reference", 1.0), ("plain", 2.0), ("ss_k0.5", 3.0), ("ss_k1", 4.0)]
 
 
+def test_skip_measured_continues_where_an_earlier_call_stopped(demo):
+    earlier = [{"variant": "reference"}, {"variant": "plain"}]
+    variants = ["plain", "ss_k0.5", "ss_k1"]
+    assert demo.variants_to_run(variants, earlier, skip_measured=True) == ["ss_k0.5", "ss_k1"]
+    assert demo.variants_to_run(variants, earlier, skip_measured=False) == variants
+    assert demo.variants_to_run(variants, [], skip_measured=True) == variants
+
+
 def test_reference_from_results_needs_an_earlier_reference_row(demo, tmp_path):
     with pytest.raises(SystemExit, match="error: --reference-from-results: .* no reference row "
                                          "of gdn at size h200_prose"):
