@@ -40,7 +40,9 @@ SCRIPT = textwrap.dedent("""
 
     def compare(split, unsplit, args, names):
         def grads(fn):
-            value = lambda *a: (jnp.sum(jnp.sin(3 * fn(*a))), fn(*a))
+            def value(*a):   # one call of fn: its program is traced and compiled once
+                out = fn(*a)
+                return jnp.sum(jnp.sin(3 * out)), out
             return jax.jit(jax.grad(value, argnums=tuple(range(len(args))), has_aux=True),
                            compiler_options=FAST)(*args)
         (got, out), (want, want_out) = grads(split), grads(unsplit)
