@@ -1,8 +1,9 @@
 """Staged SpectralShift extension end to end (train/experiments/stages.py,
 train/experiments/cpt.py), in a subprocess: a 1-layer GDN reference at context 16, then stages
 a (16 -> 32) and b (32 -> 64). Stage a is stopped by SIGTERM after 2 of its 4 steps and the
-same curriculum run again: a resumes without shifting again, b shifts relative to a's final checkpoint. Every train step probes the optimizer the
-step uses (SGD, so an all-ones gradient gives update = -lr of the group): alpha / default
+same curriculum run again: a resumes without shifting again, b shifts relative to a's final
+checkpoint. Every train step of a stage probes the optimizer the step uses (SGD, so an all-ones
+gradient gives update = -lr of the group; one jitted update per session): alpha / default
 update = s of that stage at every step, resumed steps included. Then the one-line refusals of a
 stage whose reference is missing or unfinished, and `spectra --compare` on the finished runs.
 """
@@ -42,16 +43,18 @@ DRIVER = textwrap.dedent("""
     def build_session(config, *args, **kwargs):
         session = original_build(config, *args, **kwargs)
         step_fn = session.train_step
+        # one compiled program per session (op by op, the update compiled dozens of small ones)
+        probe = jax.jit(lambda params, opt_state: session.optimizer.update(
+            jax.tree.map(jnp.ones_like, params), opt_state, params)[0])
 
         def train_step(state, batch):
-            params = state["params"]
-            ones = jax.tree.map(jnp.ones_like, params)
-            updates, _ = session.optimizer.update(ones, state["opt_state"], params)
-            mixer = updates["layers_0"]["mixer"]
-            ratio = float(mixer["a_proj"]["kernel"].ravel()[0] / mixer["q_proj"]["kernel"].ravel()[0])
-            with open(options["probe"], "a") as f:
-                f.write(json.dumps({"run": config.train.run_dir or "reference",
-                                    "step": int(state["step"]), "ratio": ratio}) + "\\n")
+            if config.train.run_dir:   # a stage's step (the reference's run_dir is not set)
+                mixer = probe(state["params"], state["opt_state"])["layers_0"]["mixer"]
+                ratio = float(mixer["a_proj"]["kernel"].ravel()[0]
+                              / mixer["q_proj"]["kernel"].ravel()[0])
+                with open(options["probe"], "a") as f:
+                    f.write(json.dumps({"run": config.train.run_dir, "step": int(state["step"]),
+                                        "ratio": ratio}) + "\\n")
             calls[0] += 1
             out = step_fn(state, batch)
             if calls[0] == options.get("sigterm_after_steps"):
@@ -162,6 +165,7 @@ def test_staged_extension_shifts_once_per_stage(tmp_path, environment):
     by_run = {}
     for record in records:
         by_run.setdefault(Path(record["run"]).name, []).append(record)
+    assert set(by_run) == {"a", "b"}
     assert [r["step"] for r in by_run["a"]] == [0, 1, 2, 3]
     assert [r["step"] for r in by_run["b"]] == [0, 1]
     np.testing.assert_allclose([r["ratio"] for r in by_run["a"]], s_a, rtol=1e-6)
