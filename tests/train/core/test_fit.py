@@ -112,22 +112,22 @@ def committed_steps(run_dir):
 @pytest.mark.slow
 def test_interrupted_runs_resume_exactly(tmp_path, corpus, environment, capsys):
     """One test (so pytest-xdist runs these subprocesses once): an uninterrupted 8-step run, and
-    the same run stopped by SIGTERM after step 4, resumed, killed by SIGKILL inside the async
-    checkpoint save of step 6, and resumed again to step 8: same losses step by step, same
-    final eval loss. Then the eval and plot commands on the finished run."""
+    the same run stopped by SIGTERM after step 4, resumed (in the same process), killed by
+    SIGKILL inside the async checkpoint save of step 6, and resumed again to step 8 in a fresh
+    process: same losses step by step, same final eval loss. Then the eval and plot commands on
+    the finished run."""
     overrides = TINY + [f"data.source={corpus}", "train.steps=8", "train.checkpoint_every=3",
                         "train.keep_checkpoints=2"]
     straight_dir, interrupted = tmp_path / "straight", tmp_path / "interrupted"
 
-    # SIGTERM: the current step (4) is saved, then the process stops cleanly
-    (stopped,) = run_driver(environment, [(interrupted, overrides, False)], sigterm_after_steps=4)
+    # SIGTERM: the current step (4) is saved, then the run stops cleanly; in the same process
+    # (one start-up less) the run resumes and SIGKILL hits the middle of the async save of
+    # step 6, the process's third save (3, 4, 6): steps 3 and 4 survive, 6 is not committed.
+    # The resume from step 4 in a fresh process is the last driver's.
+    (stopped,) = run_driver(environment, [(interrupted, overrides, False)] * 2, expect_rc=-9,
+                            sigterm_after_steps=4, sigkill_in_save=3)
     assert stopped["preempted"] and stopped["steps"] == 4 and stopped["latest"] == 4
     assert committed_steps(interrupted) == [3, 4]
-
-    # SIGKILL in the middle of the async save of step 6: steps 3 and 4 survive, 6 is not committed
-    killed = run_driver(environment, [(interrupted, overrides, False)], expect_rc=-9,
-                        sigkill_in_save=1)
-    assert killed == []
     entries = sorted(p.name for p in (interrupted / "checkpoints").iterdir())
     assert "3" in entries and "4" in entries and "6" not in entries
     assert any(name.startswith("6.") and "tmp" in name for name in entries), entries
