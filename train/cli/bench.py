@@ -66,6 +66,7 @@ def command_bench(args) -> int:
         ("estimate", f"{result['memory_estimate_bytes'] / 2**30:.3f} GiB (train/core/memory.py; "
                      f"{result['memory_estimate_bytes'] / result['peak_memory_bytes']:.2f} x peak)"),
         ("compile", f"{result['compile_seconds']:.1f} s"),
+        ("init", f"{result['init_seconds']:.1f} s (the initial state, train.init_on)"),
         *([("profile", f"{result['profile_dir']} (TensorBoard profile plugin or Perfetto)")]
           if result["profile_dir"] else []),
         *[("  top op" if i == 0 else "", f"{100 * share:4.1f}%  {name[:60]}")

@@ -50,6 +50,8 @@ def validate(config: Config) -> None:
                        ("data.max_documents", d.max_documents),
                        ("cpt.l_ref", c.l_ref), ("cpt.l_tar", c.l_tar)]:
         _require(value >= 0, f"{key} must be >= 0, got {value}")
+    _require(t.init_on in ("host", "device"),
+             f"train.init_on must be 'host' or 'device', got {t.init_on!r}")
     _require(t.on_nonfinite in ("stop", "skip"),
              f"train.on_nonfinite must be 'stop' or 'skip', got {t.on_nonfinite!r}")
     _require(mesh.data == -1 or mesh.data >= 1, f"mesh.data must be -1 or >= 1, got {mesh.data}")

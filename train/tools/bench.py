@@ -139,7 +139,9 @@ def benchmark(config: Config, *, steps: int, warmup: int = 2, profile_dir: str |
     local = random_batch(config, tokenizer_vocab)
     with mesh_context(session.mesh), out_of_memory_errors(config):
         batch = to_global(session, local)
-        state = session.init_state()
+        init_started = time.time()
+        state = jax.block_until_ready(session.init_state())
+        init_seconds = time.time() - init_started
         compile_started = time.time()
         compiled = session.train_step.lower(state, batch).compile()
         compile_seconds = time.time() - compile_started
@@ -180,6 +182,7 @@ def benchmark(config: Config, *, steps: int, warmup: int = 2, profile_dir: str |
         "devices": jax.device_count(), "seq_len": seq_len, "batch_size": config.data.batch_size,
         "params": params,
         "steps": steps, "compile_seconds": compile_seconds,
+        "init_seconds": init_seconds,
         "seconds_per_step": seconds / steps,
         "window_seconds": windows,
         "tokens_per_second": tokens_per_second,

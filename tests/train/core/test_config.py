@@ -101,6 +101,7 @@ def test_unknown_keys_and_wrong_types_are_named(overrides, message):
     (["model.dtype=float16"], "model.dtype"),
     (["mesh.data=0"], "mesh.data"),
     (["train.steps=0"], "train.steps"),
+    (["train.init_on=gpu"], "train.init_on must be 'host' or 'device'"),
     (["cpt.mode=column"], "cpt.mode"),
 ])
 def test_impossible_combinations_are_rejected(overrides, message):

@@ -80,6 +80,15 @@ MULTI_DEVICE_SCRIPT = textwrap.dedent("""
     }
     out["embedding_shard_shape"] = list(params["embed"]["embedding"].addressable_shards[0].data.shape)
 
+    # the state drawn on the host and placed on the shards (train.init_on="host", the
+    # default) is the device-jitted init's, leaf by leaf and sharding by sharding
+    with mesh_context(sharded.mesh):
+        hosted, jitted = sharded.init_state(), sharded.init_jit(config.train.seed)
+    pairs = list(zip(jax.tree.leaves(hosted), jax.tree.leaves(jitted)))
+    out["host_init_equal"] = all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in pairs)
+    out["host_init_shardings"] = all(a.sharding.is_equivalent_to(b.sharding, a.ndim)
+                                     for a, b in pairs)
+
     # save on one device, restore onto fsdp 4 x tensor 2, continue: same losses as one device
     directory = tempfile.mkdtemp()
     with Checkpointer(directory, save_interval_steps=1, async_save=False) as checkpointer:
@@ -100,7 +109,8 @@ def test_eight_devices_train_like_one_and_restore_across_device_counts():
     """One test (one subprocess, so pytest-xdist runs it once): fsdp 4 x tensor 2 gives the
     one-device losses for 3 steps (a GDN + softmax model; data parallelism alone is checked
     by test_multi_gpu_script_on_eight_cpu_devices); params and Adam moments follow the rules table; a
-    checkpoint saved on one device restores onto fsdp 4 x tensor 2 and continues identically."""
+    checkpoint saved on one device restores onto fsdp 4 x tensor 2 and continues identically;
+    the state drawn on the host lands on the shards as the device-jitted init's."""
     result = run_on_cpu_devices(MULTI_DEVICE_SCRIPT)
     reference = result["reference"]
     assert len(set(reference)) == 3 and all(np.isfinite(reference))
@@ -114,6 +124,7 @@ def test_eight_devices_train_like_one_and_restore_across_device_counts():
     assert specs["adam_mu_up"] == str(P("fsdp", "tensor"))      # Adam moment = its param's
     assert specs["step"] == str(P())
     assert result["embedding_shard_shape"] == [160, 8]          # vocab / 2, embed / 4
+    assert result["host_init_equal"] and result["host_init_shardings"]
 
     assert result["restored_query_spec"] == str(P("fsdp", "tensor", None))
     np.testing.assert_allclose(result["continued_sharded"], result["continued_single"],
