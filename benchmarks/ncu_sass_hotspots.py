@@ -3,8 +3,9 @@
     ncu -i REPORT --page source --csv --print-source sass | gzip > sass.csv.gz
     python benchmarks/ncu_sass_hotspots.py sass.csv.gz [--top 25] [--kernel REGEX]
 
-Per kernel: the total stall samples, the samples by instruction class (the opcode before the
-first dot: MUFU, BAR, LDS, HGMMA, ...) and the top lines with their leading stall reasons.
+Per kernel: the warp instructions executed by opcode, the total stall samples, the samples by
+instruction class (the opcode before the first dot: MUFU, BAR, LDS, HGMMA, ...) and the top
+lines with their leading stall reasons.
 """
 
 import argparse
@@ -55,15 +56,20 @@ def main(argv=None):
             reasons = [h for h in header if h.startswith("stall_")]
             total = sum(number(r[samples]) for r in rows) or 1.0
             by_class, by_reason = collections.Counter(), collections.Counter()
+            by_opcode = collections.Counter()
             for r in rows:
                 opcode = r[col["Source"]].split()
                 opcode = [w for w in opcode if not w.startswith("@")]
                 by_class[opcode[0].split(".")[0] if opcode else "?"] += number(r[samples])
+                if executed is not None:
+                    by_opcode[opcode[0] if opcode else "?"] += number(r[executed])
                 for h in reasons:
                     by_reason[h] += number(r[col[h]])
             instructions = sum(number(r[executed]) for r in rows) if executed is not None else 0
             print(f"== {name}: {len(rows)} SASS lines, {total:.0f} stall samples, "
                   f"{instructions:.3g} warp instructions executed")
+            print("   executed (M): " + ", ".join(f"{k} {v / 1e6:.1f}"
+                                               for k, v in by_opcode.most_common(14)))
             print("   by class: " + ", ".join(f"{k} {v / total:.1%}"
                                              for k, v in by_class.most_common(12)))
             print("   by reason: " + ", ".join(f"{k[6:]} {v / total:.1%}"

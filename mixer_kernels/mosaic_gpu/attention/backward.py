@@ -32,7 +32,8 @@ import jax.numpy as jnp
 
 from mixer_kernels.mosaic_gpu.attention import fields
 from mixer_kernels.mosaic_gpu.attention.bias import FPABias, NoBias, SeparableBias
-from mixer_kernels.mosaic_gpu.attention.common import BIG, BLOCK, SUPPORTED_HEAD_DIMS, dead_key_bounds
+from mixer_kernels.mosaic_gpu.attention.common import (BIG, BLOCK, SUPPORTED_HEAD_DIMS, dead_key_bounds,
+                                                        decay)
 from mixer_kernels.mosaic_gpu.attention.backward_diagonal_kernel import diagonal_shares_kernel
 from mixer_kernels.mosaic_gpu.attention.backward_kernels import (KernelConfig, dkv_kernel, dq_kernel,
                                                            pack_layout)
@@ -179,6 +180,14 @@ def prepare(cfg, q, k, v, out, lse, dout, bias, segment_ids):
             vectors["alo"] = _per_block(vectors["suf_min"], n, jnp.min)
             vectors["kap"], vectors["kpmax"] = dead_key_bounds(vectors["suf_min"],
                                                                vectors["psi"], n)
+            # the separable path's masses weighted relative to their block's lowest piece,
+            # and the key side of the bias, min(0, A_s - psi_s) (_Tile.separable_weights,
+            # _Tile.level_gap)
+            vectors["pre_wmass"] = vectors["pre_mass"] * decay(
+                vectors["pre_min"] - vectors["bmin"], cfg.tau)
+            vectors["suf_wmass"] = vectors["suf_mass"] * decay(
+                vectors["suf_min"] - vectors["alo"], cfg.tau)
+            vectors["key_gap"] = jnp.minimum(vectors["suf_min"] - vectors["psi"], 0.0)
         # the diagonal's level rows: minima of levels 0 .. top-1, then their masses (the sweep
         # kernels load only the minima, for the bias; backward_diagonal_kernel.py loads both)
         by_level = lambda a, m: [x[:, :, level] for x in (a, m) for level in range(top)]

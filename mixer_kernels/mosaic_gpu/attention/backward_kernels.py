@@ -62,11 +62,10 @@ from mixer_kernels.mosaic_gpu.common import matmul, swizzled_smem
 # Pack rows read as vectors along a tile axis; every other name is a per-block scalar, and a
 # block's scalars share one packed row (the k-th scalar of `pack_layout` at lane k).
 VECTOR_ROWS = frozenset({"lse", "delta", "seg", "row", "col", "pre_min", "pre_mass", "suf_min",
-                         "suf_mass", "psi"})
+                         "suf_mass", "psi", "pre_wmass", "suf_wmass", "key_gap"})
 # Largest spread (in units of tau) of the field pieces inside one off-diagonal tile for which
 # the soft-min weights are taken relative to one tile minimum (no weight underflows to 0).
 SEPARABLE_SPREAD = 80.0
-TINY = 1e-37
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,7 +108,7 @@ class KernelConfig:
             names.append("row")
         elif self.mode == "fpa":
             names += ["pre_min", "pre_mass", "bmin", "bmass"]
-            names += ["psi"] if self.query_level else ["chi"]
+            names += ["psi"] if self.query_level else ["chi", "pre_wmass"]
         if self.prunes:
             names += ["qn", "dmin"]
             if self.mode == "separable":
@@ -125,7 +124,8 @@ class KernelConfig:
             names.append("col")
         elif self.mode == "fpa":
             names += ["suf_min", "suf_mass", "bmin", "bmass"]
-            names += [] if self.query_level else ["psi", "alo", "kap", "kpmax"]
+            names += [] if self.query_level else ["psi", "alo", "kap", "kpmax", "suf_wmass",
+                                                  "key_gap"]
         if self.skips and self.segments:
             names.append("dend")
         if self.prunes:
@@ -373,21 +373,22 @@ class _Tile:
         dead): two operations per pair, as min(x, a - level) with the per-key (key levels) or
         per-query (query levels) part folded into a vector first. With A'_s = min(A_s, G):
 
-            key level psi_s:    u = min(min(0, A'_s - psi_s), C_t - psi_s)
+            key level psi_s:    u = min(min(key_gap_s, G - psi_s), C_t - psi_s)
             query level psi_t:  u = min(min(0, C_t - psi_t), A'_s - psi_t)
 
-        equal to min(0, min(A'_s, C_t) - level) bit for bit (rounding is monotone). The
+        with key_gap_s = min(0, A_s - psi_s) from the pack; equal to min(0, min(A'_s, C_t) -
+        level) bit for bit (rounding is monotone: min(A, G) - psi = min(A - psi, G - psi)). The
         vectors are read from shared memory at each call, so a caller can recompute u instead
         of keeping the tile live."""
         over_keys = lambda x: lax.broadcast_in_dim(x, self.shape, [self.ka])
         over_queries = lambda x: lax.broadcast_in_dim(x, self.shape, [self.qa])
-        key_min = jnp.minimum(self.cols.vec("suf_min"), gap_min)
         if self.cfg.query_level:
+            key_min = jnp.minimum(self.cols.vec("suf_min"), gap_min)
             level = self.rows.vec("psi")
             folded = jnp.minimum(self.rows.vec("pre_min") - level, 0.0)
             return jnp.minimum(over_queries(folded), over_keys(key_min) - over_queries(level))
         level = self.cols.vec("psi")
-        folded = jnp.minimum(key_min - level, 0.0)
+        folded = jnp.minimum(self.cols.vec("key_gap"), gap_min - level)
         return jnp.minimum(over_keys(folded), over_queries(self.rows.vec("pre_min"))
                            - over_keys(level))
 
@@ -492,15 +493,24 @@ class _Tile:
         pair's key share is coef w_A(s) / (sum over pieces mass_X w_X) = base_ts w_A(s), its
         query share base_ts w_C(t) and its gap share base_ts w_G: the per-pair exponentials
         become per-key and per-query vectors, applied after the tile's sums.
+
+        The masses of the denominator come weighted from the packs, relative to their block's
+        lowest piece (suf_wmass_s = suf_mass_s exp(-(A_s - alo)/tau); pre_wmass_t likewise
+        with the query block's minimum bmin), so a tile scales each by one scalar
+        (exp(-(alo - r)/tau), exp(-(bmin - r)/tau)) instead of forming exponentials per key
+        and per query. The denominator needs no floor: on this path the query piece (mass >= 1)
+        or, where the gap lies lower, the gap piece weighs at least e^-SEPARABLE_SPREAD.
         """
         tau = self.cfg.tau
-        w_key = _decay(self.cols.vec("suf_min") - r, tau)
-        w_query = _decay(self.rows.vec("pre_min") - r, tau)
         w_gap = _decay(gap_min - r, tau)
-        denom = (lax.broadcast_in_dim(self.cols.vec("suf_mass") * w_key, self.shape, [self.ka])
-                 + lax.broadcast_in_dim(self.rows.vec("pre_mass") * w_query + gap_mass * w_gap,
-                                        self.shape, [self.qa]))
-        return coef * reciprocal(jnp.maximum(denom, TINY)), w_key, w_query, w_gap
+        key_part = self.cols.vec("suf_wmass") * _decay(self.cols.scalar("alo") - r, tau)
+        query_part = (self.rows.vec("pre_wmass") * _decay(self.rows.scalar("bmin") - r, tau)
+                      + gap_mass * w_gap)
+        denom = (lax.broadcast_in_dim(key_part, self.shape, [self.ka])
+                 + lax.broadcast_in_dim(query_part, self.shape, [self.qa]))
+        w_key = _decay(self.cols.vec("suf_min") - r, tau)    # used after the sums, each by the
+        w_query = _decay(self.rows.vec("pre_min") - r, tau)  # sweep whose rows it lies along
+        return coef * reciprocal(denom), w_key, w_query, w_gap
 
     def row_referenced_weights(self, coef, gap_min, gap_mass):
         """(base, key weight, query factor [n, n]; w_query, w_gap [n] over queries), exact for
