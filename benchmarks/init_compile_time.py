@@ -1,14 +1,13 @@
 """How long a preset's parameter initialisation takes to compile, under XLA option sets.
 
     python benchmarks/init_compile_time.py fpa_125m [softmax_rope_125m ...]
-        [--variants default,fast_backend,o0,cpu]
+        [--variants default,fast_backend,cpu]
 
 The train state's init (parameters drawn by every initializer, optimizer state) is one jitted
 program of tens of thousands of elementwise instructions (threefry and the normal samplers of
 each parameter), which XLA's GPU compiler fuses and compiles like any program. Variants:
     default       as jitted
     fast_backend  compiler_options: ptxas and LLVM without their expensive optimisations
-    o0            jax_optimization_level O0 and fast_backend
     cpu           compiled and run on the host's CPU, then put on the state's shardings
 Prints, per variant, the compile and run seconds and the largest difference of any parameter
 from the default's (0 where the variants draw the same numbers).
@@ -27,8 +26,6 @@ import numpy as np  # noqa: E402
 from train.core.presets import load_config  # noqa: E402
 from train.core.session import build_session  # noqa: E402
 
-from jax._src import config as jax_config  # noqa: E402  (jax_optimization_level as a context)
-
 FAST_BACKEND_OPTIONS = {"xla_gpu_disable_gpuasm_optimizations": True,
                         "xla_llvm_disable_expensive_passes": True}
 
@@ -44,9 +41,7 @@ def timed_init(session, variant):
             state = jax.device_put(compiled(), session.state_shardings)
     else:
         options = {} if variant == "default" else dict(FAST_BACKEND_OPTIONS)
-        level = "O0" if variant == "o0" else "UNKNOWN"
-        with jax_config.optimization_level(level):
-            compiled = session.init_jit.lower(seed).compile(compiler_options=options)
+        compiled = session.init_jit.lower(seed).compile(compiler_options=options)
         compiled_at = time.perf_counter()
         state = compiled()
     jax.block_until_ready(state)
@@ -62,7 +57,7 @@ def largest_difference(a, b):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("presets", nargs="+")
-    parser.add_argument("--variants", default="default,fast_backend,o0,cpu")
+    parser.add_argument("--variants", default="default,fast_backend,cpu")
     args = parser.parse_args(argv)
     print(f"{'preset':20s} {'variant':13s} {'compile s':>9s} {'run s':>7s} {'max |diff|':>10s}")
     for name in args.presets:
