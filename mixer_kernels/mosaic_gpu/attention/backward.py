@@ -32,8 +32,8 @@ import jax.numpy as jnp
 
 from mixer_kernels.mosaic_gpu.attention import fields
 from mixer_kernels.mosaic_gpu.attention.bias import FPABias, NoBias, SeparableBias
-from mixer_kernels.mosaic_gpu.attention.common import (BIG, BLOCK, SUPPORTED_HEAD_DIMS, dead_key_bounds,
-                                                        decay)
+from mixer_kernels.mosaic_gpu.attention.common import (BIG, BLOCK, LOG2E, SUPPORTED_HEAD_DIMS,
+                                                        dead_key_bounds, decay)
 from mixer_kernels.mosaic_gpu.attention.backward_diagonal_kernel import diagonal_shares_kernel
 from mixer_kernels.mosaic_gpu.attention.backward_kernels import (KernelConfig, dkv_kernel, dq_kernel,
                                                            pack_layout)
@@ -199,6 +199,9 @@ def prepare(cfg, q, k, v, out, lse, dout, bias, segment_ids):
         vectors["dend"] = jnp.broadcast_to(ends[:, None, :], (batch, heads, padded))
     if cfg.prunes:
         vectors.update(_pruning_vectors(cfg, qp, kp, vectors, length))
+    for name in ("lse", "row", "col"):   # the tiles' base 2 (backward_kernels._Tile.probs)
+        if name in vectors:
+            vectors[name] = vectors[name] * LOG2E
     rowp = _pack_named(vectors, cfg.row_names(), n)
     col_names = cfg.col_names()
     colp = _pack_named(vectors, col_names, n) if col_names else \

@@ -4,6 +4,9 @@ Tiles are n x n (n = 64, one warpgroup, wgmma), recomputed from q, k, v, the sav
 log-sum-exp (natural log) and delta_t = <dout_t, out_t>:
 
     logit_ts = scale <q_t, k_s> + b_ts      P_ts = exp(logit_ts - lse_t) [valid]
+
+(the tiles work in base 2, as the forward does: logits, the separable bias rows and lse arrive
+times log2 e, and P = exp2(...), so no tile multiplies before its exponential)
     dP_ts = <dout_t, v_s>    dS_ts = P_ts (dP_ts - delta_t)
     dq_t = scale sum_s dS_ts k_s    dk_s = scale sum_t dS_ts q_t    dv_s = sum_t P_ts dout_t
 
@@ -54,8 +57,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from mixer_kernels.mosaic_gpu.attention.common import (BIG, BLOCK, COMPILER_PARAMS, no_dead_floor,
-                                                 reciprocal)
+from mixer_kernels.mosaic_gpu.attention.common import (
+    BIG, BLOCK, COMPILER_PARAMS, LOG2E, no_dead_floor, reciprocal)
 from mixer_kernels.mosaic_gpu.attention.common import decay as _decay
 from mixer_kernels.mosaic_gpu.common import matmul, swizzled_smem
 
@@ -403,22 +406,23 @@ class _Tile:
         if cfg.mode == "none":
             bias = None
         elif cfg.mode == "separable":
-            bias = self.row("row") - self.col("col")
+            bias = self.row("row") - self.col("col")   # base 2 (backward.prepare)
         elif diagonal:
             if range_min is None:
                 range_min = self.fpa_range_min(True, diag_rows, diag_cols, gap_min)
             level = self.row("psi") if cfg.query_level else self.col("psi")
             gap = range_min - level
             gap = jnp.where((gap < 0.0) & (self.s_local < self.t_local), gap, 0.0)
-            bias = self.beta * gap
+            bias = (self.beta * LOG2E) * gap
             extra = dict(gap=lambda: gap, gap_tile=gap)
         else:
-            bias = self.beta * self.level_gap(gap_min)
+            bias = (self.beta * LOG2E) * self.level_gap(gap_min)
             extra = dict(gap=functools.partial(self.level_gap, gap_min))
         if scores is None:
             logits = bias
         else:
-            logits = cfg.scale * scores if bias is None else cfg.scale * scores + bias
+            scale = cfg.scale * LOG2E
+            logits = scale * scores if bias is None else scale * scores + bias
         return logits, extra
 
     def biased_probs(self, scores, *, diagonal, field_work, diag_rows, diag_cols, gap_min):
@@ -434,10 +438,11 @@ class _Tile:
         """scale <q, k> without a bias (zeros without content)."""
         if scores is None:
             return _zeros(self.shape, plgpu.Layout.WGMMA)
-        return self.cfg.scale * scores
+        return (self.cfg.scale * LOG2E) * scores
 
     def probs(self, logits, mask):
-        p = jnp.exp(logits - self.row("lse"))
+        """P from base-2 logits and the pack's base-2 lse."""
+        p = jnp.exp2(logits - self.row("lse"))
         return p if mask is None else jnp.where(mask, p, 0.0)
 
     def dead_coef(self, ds, gap):

@@ -19,12 +19,15 @@
                          C_t - psi_s) >= min(kap_j, min(G, clo_i) - kpmax_j)
 """
 
+import math
+
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 BLOCK = 64
 BIG = 1e30
+LOG2E = math.log2(math.e)  # the tiles' base 2: exp2 needs no multiply
 SUPPORTED_HEAD_DIMS = (64, 128)
 COMPILER_PARAMS = plgpu.CompilerParams(approx_math=True,
                                       lowering_semantics=plgpu.LoweringSemantics.Lane)

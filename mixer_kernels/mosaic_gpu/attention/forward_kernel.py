@@ -50,10 +50,10 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from mixer_kernels.mosaic_gpu.attention.common import BIG, BLOCK, COMPILER_PARAMS, no_dead_floor
+from mixer_kernels.mosaic_gpu.attention.common import (BIG, BLOCK, COMPILER_PARAMS, LOG2E,
+                                                       no_dead_floor)
 from mixer_kernels.mosaic_gpu.common import matmul, swizzled_smem
 
-LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
 
 
