@@ -208,7 +208,8 @@ def build_session(config: Config, vocab_size: int, mesh: Mesh | None = None) -> 
     return Session(config=config, mesh=mesh, model=model, optimizer=optimizer, schedule=schedule,
                    state_shardings=shardings, abstract_state=abstract_state,
                    batch_sharding=data_sharding, train_step=train_step, eval_step=eval_step,
-                   init_state=(functools.partial(host_init, init_fn, config.train.seed, shardings)
+                   init_state=(functools.partial(host_init, jax.jit(init_fn, static_argnums=0),
+                                                 config.train.seed, shardings)
                                if config.train.init_on == "host"
                                else lambda: jitted_init(config.train.seed)),
                    init_fn=init_fn, init_jit=jitted_init,
@@ -216,14 +217,15 @@ def build_session(config: Config, vocab_size: int, mesh: Mesh | None = None) -> 
                                         out_shardings=replicated(mesh)))
 
 
-def host_init(init_fn: Callable[[int], State], seed: int, shardings: State) -> State:
-    """init_fn(seed) compiled and run on the host's CPU, each leaf then placed on its sharding
-    (every process draws the same state and supplies its own shards). The program is tens of
-    thousands of elementwise instructions (each initializer's threefry and sampler): the GPU
-    compiler took 51 s over it for fpa_125m on an H200 machine, the CPU compiler 6 s
-    (benchmarks/init_compile_time.py); the values agree within float32 rounding."""
+def host_init(init_jit: Callable[[int], State], seed: int, shardings: State) -> State:
+    """init_jit(seed) (the init, jitted without shardings) compiled and run on the host's CPU,
+    each leaf then placed on its sharding (every process draws the same state and supplies its
+    own shards). The program is tens of thousands of elementwise instructions (each
+    initializer's threefry and sampler): the GPU compiler took 51 s over it for fpa_125m on an
+    H200 machine, the CPU compiler 6 s (benchmarks/init_compile_time.py); the values agree
+    within float32 rounding."""
     with jax.default_device(jax.devices("cpu")[0]):
-        state = jax.device_get(jax.jit(init_fn, static_argnums=0)(seed))
+        state = jax.device_get(init_jit(seed))
     return jax.tree.map(
         lambda x, sharding: jax.make_array_from_callback(np.shape(x), sharding,
                                                          lambda index: np.asarray(x)[index]),
