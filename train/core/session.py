@@ -224,7 +224,7 @@ def host_init(init_jit: Callable[[int], State], seed: int, shardings: State) -> 
     initializer's threefry and sampler): the GPU compiler took 51 s over it for fpa_125m on an
     H200 machine, the CPU compiler 6 s (benchmarks/init_compile_time.py); the values agree
     within float32 rounding."""
-    with jax.default_device(jax.devices("cpu")[0]):
+    with jax.default_device(jax.local_devices(backend="cpu")[0]):
         state = jax.device_get(init_jit(seed))
     return jax.tree.map(
         lambda x, sharding: jax.make_array_from_callback(np.shape(x), sharding,
