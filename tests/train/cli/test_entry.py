@@ -424,9 +424,12 @@ def test_sigterm_exits_75_after_checkpoint_and_rerunning_resumes(tmp_path, corpu
 def test_a_signal_before_the_first_step_exits_with_its_code_and_leaves_no_run_dir(
         tmp_path, corpus, capsys, monkeypatch):
     """SIGTERM while a run is still loading (before the training loop's own handler): exit 75
-    and the fresh run directory removed; SIGINT there: 130. The caller's handler comes back."""
+    and the fresh run directory removed; SIGINT there: 130. The caller's handler comes back.
+    SIGINT starts at Python's own handler (KeyboardInterrupt), whatever an earlier test in this
+    worker process left installed."""
     received = []
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: received.append(signum))
+    previous_interrupt = signal.signal(signal.SIGINT, signal.default_int_handler)
     import train.core.fit
 
     original = train.core.fit.build_session
@@ -451,6 +454,7 @@ def test_a_signal_before_the_first_step_exits_with_its_code_and_leaves_no_run_di
         assert received == [signal.SIGTERM]
     finally:
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous_interrupt)
 
 
 def test_bench_refuses_a_step_that_cannot_fit_and_maps_out_of_memory(tmp_path, capsys, monkeypatch):
