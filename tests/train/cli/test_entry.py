@@ -425,8 +425,8 @@ def test_a_signal_before_the_first_step_exits_with_its_code_and_leaves_no_run_di
         tmp_path, corpus, capsys, monkeypatch):
     """SIGTERM while a run is still loading (before the training loop's own handler): exit 75
     and the fresh run directory removed; SIGINT there: 130. The caller's handler comes back.
-    SIGINT starts at Python's own handler (KeyboardInterrupt), whatever an earlier test in this
-    worker process left installed."""
+    SIGINT starts at Python's own handler (KeyboardInterrupt): a suite started in the background
+    of a non-interactive shell inherits SIGINT ignored, and its workers with it."""
     received = []
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: received.append(signum))
     previous_interrupt = signal.signal(signal.SIGINT, signal.default_int_handler)
