@@ -217,15 +217,15 @@ def build_session(config: Config, vocab_size: int, mesh: Mesh | None = None) -> 
                                         out_shardings=replicated(mesh)))
 
 
-def host_init(init_jit: Callable[[int], State], seed: int, shardings: State) -> State:
-    """init_jit(seed) (the init, jitted without shardings) compiled and run on the host's CPU,
+def host_init(unsharded_init: Callable[[int], State], seed: int, shardings: State) -> State:
+    """unsharded_init(seed) (the init jitted without shardings) compiled and run on the host's CPU,
     each leaf then placed on its sharding (every process draws the same state and supplies its
     own shards). The program is tens of thousands of elementwise instructions (each
     initializer's threefry and sampler): the GPU compiler took 51 s over it for fpa_125m on an
     H200 machine, the CPU compiler 6 s (benchmarks/init_compile_time.py); the values agree
     within float32 rounding."""
     with jax.default_device(jax.local_devices(backend="cpu")[0]):
-        state = jax.device_get(init_jit(seed))
+        state = jax.device_get(unsharded_init(seed))
     return jax.tree.map(
         lambda x, sharding: jax.make_array_from_callback(np.shape(x), sharding,
                                                          lambda index: np.asarray(x)[index]),
