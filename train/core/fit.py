@@ -206,9 +206,9 @@ def _fit_locked(config: Config, run_dir: Path, hooks: FitHooks, mesh: Mesh | Non
                     bar.message("warning: the config differs from the checkpoint's in "
                                 + "; ".join(changes))
             else:
-                started = time.time()
+                init_started = time.time()
                 state, start_step, skipped_before = session.init_state(), 0, 0
-                bar.message(f"initial state drawn in {format_duration(time.time() - started)} "
+                bar.message(f"initial state drawn in {format_duration(time.time() - init_started)} "
                             f"(train.init_on={config.train.init_on})")
                 params, extra = hooks.initial(session) if hooks.initial else (None, {})
                 if params is not None:

@@ -29,7 +29,7 @@ def test_run_startup_record_and_resume(tmp_path, corpus, capsys):
     assert out[0] == f"new run in {run_dir}"
     assert out[1].startswith("config: preset tiny_softmax with ") and "data.seq_len=16" in out[1]
     err = captured.err
-    for expected in ("devices: 1 x ", "mesh data=1 fsdp=1 tensor=1", "M parameters",
+    for expected in ("initial state drawn in ", "(train.init_on=host)", "devices: 1 x ", "mesh data=1 fsdp=1 tensor=1", "M parameters",
                      "tokens/step: 2 x 16 = 32", "memory estimate: ", f"run dir: {run_dir}",
                      "compiling the train step...", "compiled; first step done in"):
         assert expected in err, expected
@@ -60,3 +60,23 @@ def test_run_startup_record_and_resume(tmp_path, corpus, capsys):
     assert train_steps == [1, 2, 3, 4, 5]
     (events,) = tensorboard_scalars(run_dir / "tensorboard")
     assert sorted(s for tag, s in events if tag == "train/loss") == [1, 2, 3, 4, 5]
+
+
+def test_wall_time_counts_from_the_start_of_setup(tmp_path, corpus, monkeypatch):
+    """FitResult.wall_seconds spans the whole run: setup before the initial state included."""
+    import time
+
+    import train.core.fit
+    from train.core.fit import fit
+
+    original = train.core.fit.build_session
+
+    def slow_build_session(*args, **kwargs):
+        time.sleep(0.5)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(train.core.fit, "build_session", slow_build_session)
+    config = load_config("tiny_softmax", [*TINY, f"data.source={corpus}", "train.steps=2"])
+    started = time.time()
+    wall = fit(config, tmp_path / "run").wall_seconds
+    assert wall > time.time() - started - 0.25        # the 0.5 s in setup is counted
