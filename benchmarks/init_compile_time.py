@@ -24,7 +24,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from train.core.presets import load_config  # noqa: E402
-from train.core.session import build_session  # noqa: E402
+from train.core.session import build_session, host_init  # noqa: E402
 
 FAST_BACKEND_OPTIONS = {"xla_gpu_disable_gpuasm_optimizations": True,
                         "xla_llvm_disable_expensive_passes": True}
@@ -34,11 +34,11 @@ def timed_init(session, variant):
     """(compile s, run s, state) of the session's init under one variant."""
     seed = session.config.train.seed
     started = time.perf_counter()
-    if variant == "cpu":
-        with jax.default_device(jax.devices("cpu")[0]):
+    if variant == "cpu":   # train.init_on=host: compiled here, run and placed by host_init
+        with jax.default_device(jax.local_devices(backend="cpu")[0]):
             compiled = jax.jit(session.init_fn, static_argnums=0).lower(seed).compile()
-            compiled_at = time.perf_counter()
-            state = jax.device_put(compiled(), session.state_shardings)
+        compiled_at = time.perf_counter()
+        state = host_init(lambda _: compiled(), seed, session.state_shardings)
     else:
         options = {} if variant == "default" else dict(FAST_BACKEND_OPTIONS)
         compiled = session.init_jit.lower(seed).compile(compiler_options=options)
