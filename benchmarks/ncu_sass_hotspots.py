@@ -2,10 +2,12 @@
 
     ncu -i REPORT --page source --csv --print-source sass | gzip > sass.csv.gz
     python benchmarks/ncu_sass_hotspots.py sass.csv.gz [--top 25] [--kernel REGEX]
+    ncu -i REPORT --page raw --csv | python benchmarks/ncu_sass_hotspots.py --raw -
 
 Per kernel: the warp instructions executed by opcode, the total stall samples, the samples by
 instruction class (the opcode before the first dot: MUFU, BAR, LDS, HGMMA, ...) and the top
-lines with their leading stall reasons.
+lines with their leading stall reasons. With --raw, the input is the raw metrics page and the
+output each kernel's warp stall reasons (average warps stalled per issued instruction).
 """
 
 import argparse
@@ -39,14 +41,33 @@ def number(text):
         return 0.0
 
 
+def stall_reasons(lines, top):
+    """Print each kernel's `top` stall reasons from the raw metrics page's CSV."""
+    rows = list(csv.reader(lines))
+    head, data = rows[0], rows[2:]   # the second row holds the units
+    keep = [i for i, h in enumerate(head)
+            if "issue_stalled_" in h and h.endswith("per_issue_active.ratio")]
+    for r in data:
+        print("--", r[head.index("Kernel Name")][:60])
+        for value, h in sorted(((number(r[i]), head[i]) for i in keep), reverse=True)[:top]:
+            print(f"   {value:12.3f}  {h}")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("source", help="the source page as CSV (.csv or .csv.gz)")
+    parser.add_argument("source", help="the source page as CSV (.csv or .csv.gz; - for stdin)")
+    parser.add_argument("--raw", action="store_true", help="the input is the raw metrics page")
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--kernel", default=".", help="regex on the kernel name")
     args = parser.parse_args(argv)
-    opener = gzip.open if args.source.endswith(".gz") else open
-    with opener(args.source, "rt") as handle:
+    if args.source == "-":
+        handle = sys.stdin
+    else:
+        handle = (gzip.open if args.source.endswith(".gz") else open)(args.source, "rt")
+    with handle:
+        if args.raw:
+            stall_reasons(handle, args.top)
+            return 0
         for name, header, rows in kernels(handle):
             if not re.search(args.kernel, name) or header is None:
                 continue

@@ -25,22 +25,7 @@ for entry in ${OPS:-fpa:fox fox}; do
   echo "== $name rc=$?"; tail -3 /tmp/ncu_$name.log
   rep=$OUT/ncu_$name.ncu-rep
   { $NCU -i $rep --page details --print-units base
-    $NCU -i $rep --page raw --csv | python3 -c '
-import csv, sys
-rows = list(csv.reader(sys.stdin))
-head, data = rows[0], rows[2:]
-keep = [i for i, h in enumerate(head)
-        if "issue_stalled_" in h and h.endswith("per_issue_active.ratio")]
-def number(x):
-    try:
-        return float(x.replace(",", ""))
-    except ValueError:
-        return 0.0
-for r in data:
-    print("--", r[head.index("Kernel Name")][:60])
-    for v, h in sorted(((number(r[i]), head[i]) for i in keep), reverse=True)[:14]:
-        print(f"   {v:12.3f}  {h}")
-'
+    $NCU -i $rep --page raw --csv | python3 benchmarks/ncu_sass_hotspots.py --raw - --top 14
   } > $OUT/ncu_$name.txt 2>&1
   grep -E "^  [a-z_]*attention|Duration|Registers Per|Achieved Occupancy|Theoretical Occupancy|Issue Slots Busy|Executed Ipc Active|Local Memory Spilling|Block Limit" $OUT/ncu_$name.txt | head -60
   sed -n '/^-- /,$p' $OUT/ncu_$name.txt | head -70
