@@ -65,9 +65,10 @@ def test_bench_prints_mfu_and_writes_a_profile(tmp_path, capsys):
                  "--out", str(out), "--profile", str(profile)]) == 0
     printed = capsys.readouterr().out
     for row in ("model FLOPs / token", "achieved", "bf16 matmul ceiling", "MFU", "profile",
-                "top op"):
+                "top op", "compile", "init"):
         assert row in printed
     result = json.loads(out.read_text())
+    assert result["init_seconds"] > 0 and result["compile_seconds"] > 0
     windows = result["window_seconds"]      # two timed windows, the faster one counted
     assert len(windows) == 2 and min(windows) > 0
     assert result["seconds_per_step"] == pytest.approx(min(windows) / result["steps"])
