@@ -6,6 +6,7 @@ Nothing here runs a step that needs the memory it is refused: the limits are fak
 the sysconf / cgroup readers of train/core/memory.py, never device_memory_bytes itself.
 """
 
+import gc
 import types
 
 import jax
@@ -91,6 +92,7 @@ def test_cpu_fit_refuses_a_step_beyond_host_memory_and_tiny_runs_fit(tmp_path, c
     host_memory(monkeypatch, 64 * KIB, cgroup=48 * KIB)
     argv = ["fit", "tiny_softmax", *TINY, f"data.source={corpus}", "train.steps=2",
             "train.tensorboard=false", "--run-dir", str(tmp_path / "run")]
+    gc.collect()   # an earlier test's garbage, freed during the run, would lower the count
     live = len(jax.live_arrays())
     assert main(argv) == 1
     line = one_error_line(capsys)
