@@ -7,8 +7,9 @@ For each op ("pallas" kernels, bf16, one jitted vjp with a random cotangent for 
 differentiable input, as benchmarks/op_trace.py): seconds to trace, lower (the kernels' MLIR
 is built here, in Python) and compile (XLA's passes, the Mosaic GPU kernels' own compile and
 ptxas). `fields` is FPA's field statistics and the field-gradient spreads alone
-(mixer_kernels/mosaic_gpu/attention/fields.py: level_stats and field_gradient, no kernel), so
-fpa - fox - fields is roughly what FPA's kernels add over FoX's. Every op is compiled in a fresh
+(mixer_kernels/mosaic_gpu/attention/fields.py: statistics and field_gradient, formed by
+FIELD_PASSES; no attention kernel), so fpa - fox - fields is roughly what FPA's
+attention kernels add over FoX's. Every op is compiled in a fresh
 process, so no kernel compiled for one op is reused by the next. Prints a table.
 """
 
@@ -23,7 +24,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def fields_inputs(shape, rng):
-    """phi [B, H, T] and the kernels' shares: per level [B, H, Lv, T], gap totals [B, H, nb, nb]."""
+    """phi [B, H, T] and the kernels' shares: per block [B, H, nb, 2 Lv, n], gap totals
+    [B, H, nb, nb]."""
     import jax.numpy as jnp
 
     from mixer_kernels.mosaic_gpu.attention import fields
@@ -32,18 +34,19 @@ def fields_inputs(shape, rng):
     batch, length, heads, _ = shape
     levels = fields.num_levels(BLOCK)
     draw = lambda *s: jnp.asarray(rng.standard_normal(s), jnp.float32)
-    return (draw(batch, heads, length), draw(batch, heads, levels, length),
-            draw(batch, heads, levels, length), draw(batch, heads, length // BLOCK, length // BLOCK))
+    nb = length // BLOCK
+    return (draw(batch, heads, length), draw(batch, heads, nb, 2 * levels, BLOCK),
+            draw(batch, heads, nb, nb))
 
 
-def fields_function(phi, col_share, row_share, gap_total):
-    """The field statistics and the field gradient: FPA's XLA passes, no kernel."""
+def fields_function(phi, shares, gap_total):
+    """The field statistics and the field gradient alone (no attention kernel; by
+    FIELD_PASSES: the field kernels or FPA's XLA passes)."""
     from mixer_kernels.mosaic_gpu.attention import fields
     from mixer_kernels.mosaic_gpu.attention.backward import BLOCK
 
-    pre_min, _, suf_min, _ = fields.level_stats(phi, BLOCK, 1.0)
-    return fields.field_gradient(col_share, row_share, gap_total, phi, BLOCK, 1.0, pre_min,
-                                 suf_min)
+    stats = fields.statistics(phi, BLOCK, 1.0)
+    return fields.field_gradient(shares, gap_total, phi, BLOCK, 1.0, stats)
 
 
 def time_one(op, shape):

@@ -4,7 +4,7 @@
     python benchmarks/op_trace.py gdn --shape 4,4096,16,128 [--intra-backward pallas]
         [--residuals internals|inputs] [--xla-operands float32|16-bit]
     python benchmarks/op_trace.py fpa|fox|softmax ... [--overlap none|dq|dkv|both]
-    python benchmarks/op_trace.py fpa ... [--field-passes by_level|all_levels]
+    python benchmarks/op_trace.py fpa ... [--field-passes kernels|by_level|all_levels]
     python benchmarks/op_trace.py fpa --shape 4,4096,12,64 1,16384,12,64 --fields walk,flat,fox
 
 op: fpa | fox | softmax (the "pallas" kernels) or gdn (gated_delta_rule, "pallas"); bf16 inputs,

@@ -76,9 +76,11 @@ def _to_bth(x, length):
 # The sweeps' matmul schedule per bias mode, (dq, dk/dv) (backward_kernels.KernelConfig
 # overlap_dq / overlap_dkv): True issues the scores' and dP's matmuls together and forms P
 # while dP's is in flight. Chosen from device time on an H200 at (4, 4096, 12, 64) and
-# (8, 2048, 16, 128) (docs/benchmarks.md, "Overlapped matmul schedule"). Read when the
+# (8, 2048, 16, 128) (docs/benchmarks.md, "Overlapped matmul schedule"); since the tiles work
+# in base 2 the overlapped dk/dv sweep of plain softmax is slower than the sequential one
+# (0.323 against 0.222 ms at (8, 2048, 12, 64)), so no mode but FPA overlaps. Read when the
 # backward is traced.
-OVERLAP = {"fpa": (True, True), "separable": (False, False), "none": (False, True)}
+OVERLAP = {"fpa": (True, True), "separable": (False, False), "none": (False, False)}
 
 
 def kernel_config(bias, scale, segment_ids, length, block=BLOCK, prune=False,
@@ -169,10 +171,10 @@ def prepare(cfg, q, k, v, out, lse, dout, bias, segment_ids):
     if cfg.mode == "fpa":
         phi = heads_major(bias.phi, padded, edge=True)
         vectors["psi"] = heads_major(bias.psi, padded)
-        pre_min, pre_mass, suf_min, suf_mass = fields.level_stats(phi, n, cfg.tau)
+        stats = fields.statistics(phi, n, cfg.tau)
         top = cfg.diag_levels  # the block level
-        vectors.update(pre_min=pre_min[:, :, top], pre_mass=pre_mass[:, :, top],
-                       suf_min=suf_min[:, :, top], suf_mass=suf_mass[:, :, top])
+        vectors.update({kind: stats.get(kind, top)
+                        for kind in ("pre_min", "pre_mass", "suf_min", "suf_mass")})
         vectors["bmin"] = jnp.repeat(fields.at_block_ends(vectors["pre_min"], n), n, axis=-1)
         vectors["bmass"] = jnp.repeat(fields.at_block_ends(vectors["pre_mass"], n), n, axis=-1)
         if cfg.separable:  # per-block bounds of the share paths (backward_kernels._share_path)
@@ -190,9 +192,7 @@ def prepare(cfg, q, k, v, out, lse, dout, bias, segment_ids):
             vectors["key_gap"] = jnp.minimum(vectors["suf_min"] - vectors["psi"], 0.0)
         # the diagonal's level rows: minima of levels 0 .. top-1, then their masses (the sweep
         # kernels load only the minima, for the bias; backward_diagonal_kernel.py loads both)
-        by_level = lambda a, m: [x[:, :, level] for x in (a, m) for level in range(top)]
-        rowd = _pack(by_level(pre_min, pre_mass), n)
-        cold = _pack(by_level(suf_min, suf_mass), n)
+        rowd, cold = stats.diagonal_pack("pre"), stats.diagonal_pack("suf")
         beta = jnp.broadcast_to(bias.beta.astype(jnp.float32)[:, None, None], (heads, 1, n))
     if cfg.skips and segment_ids is not None:
         ends = document_end_index(segment_ids, padded, n)
@@ -206,7 +206,7 @@ def prepare(cfg, q, k, v, out, lse, dout, bias, segment_ids):
     col_names = cfg.col_names()
     colp = _pack_named(vectors, col_names, n) if col_names else \
         jnp.zeros((batch, heads, nb, 1, n), jnp.float32)
-    field_state = None if phi is None else (phi, pre_min, suf_min)  # reused by finish
+    field_state = None if phi is None else (phi, stats)  # reused by finish
     return (qp, kp, vp, dop, rowp, colp, rowd, cold, beta), field_state
 
 
@@ -240,16 +240,15 @@ def finish(cfg, kernel_outs, field_state, length, beta_dtype=jnp.float32):
     row_out = cfg.row_out_names()
     dsum, pgap = (_unpack(rowo, row_out.index(name)) for name in ("dsum", "pgap"))
     dbeta = _unpack(colo, col_at).sum(axis=(0, 2)) - (dsum * pgap).sum(axis=(0, 2))  # centred
-    # per level [B, H, levels + 1, Tp]: the diagonal levels, then the block level
-    col_share = jnp.stack([_unpack(diagonal, level) for level in range(levels)]
-                          + [_unpack(colo, col_at + 1)], axis=2)
-    row_share = jnp.stack([_unpack(diagonal, levels + level) for level in range(levels)]
-                          + [_unpack(rowo, row_at)], axis=2)
+    # per block [B, H, nb, 2 (levels + 1), n]: the key side's diagonal levels and block
+    # level, then the query side's
+    shares = jnp.concatenate([diagonal[:, :, :, :levels], colo[:, :, :, col_at + 1:col_at + 2],
+                              diagonal[:, :, :, levels:], rowo[:, :, :, row_at:row_at + 1]],
+                             axis=3)
     gapo = dkv_out[3]  # [B, H, nb(j), chunks, n] -> totals[i, j]
     gap_total = jnp.swapaxes(gapo.reshape(batch, heads, nb, -1)[..., :nb], -1, -2)
-    phi, pre_min, suf_min = field_state
-    dphi = fields.field_gradient(col_share, row_share, gap_total, phi, cfg.block, cfg.tau,
-                                 pre_min, suf_min)
+    phi, stats = field_state
+    dphi = fields.field_gradient(shares, gap_total, phi, cfg.block, cfg.tau, stats)
     return (dq, dk, dv,
             (_to_bth(dphi, length), _to_bth(dpsi, length), dbeta.astype(beta_dtype)))
 

@@ -27,30 +27,42 @@ with b the block of u and m_b its minimum. Shapes: phi [..., Tp]; level arrays [
 with Lv = log2(n) + 1 (the last level is the block); gap_total [..., nb(i), nb(j)].
 
 FIELD_PASSES (read when traced) picks how the statistics and spreads are formed:
-  "by_level"    level by level (the default): the statistics by joining the halves of the
-                level below (O(1) work per level, position and statistic), each level's spread
-                over its own groups (2^L exponentials per position at level L: 127 per side at
-                n = 64), but a few hundred XLA ops per call (about 2000 StableHLO ops per layer with
-                the kernels' other glue, benchmarks/hlo_op_count.py), which a model's compile
-                pays for per layer
-  "all_levels"  every level at once: per block, a [Lv, n, n] mask of the (level, position,
-                position) triples that share a group meets the block's positions, and one fused
-                masked reduction forms each statistic and each side's spread: 850 StableHLO ops
-                per layer, but Lv n exponentials per position and side (448 at n = 64) for
-                the spreads and for the masses, and [..., nb, Lv, n, n] intermediates if XLA
-                does not fuse them. On an H200 it compiles fpa_125m 8.7 s faster but costs
-                0.37 ms more per layer call and 9% of the train step's throughput
-                (docs/benchmarks.md, "Every level at once"), so it is not the default
+  "by_level"    (the default) in XLA, level by level: the statistics by joining the halves of
+                the level below (O(1) work per level, position and statistic), each level's
+                spread over its own groups (2^L exponentials per position at level L: 127 per
+                side at n = 64), but a few hundred XLA ops per call (about 2000 StableHLO ops
+                per layer with the kernels' other glue, benchmarks/hlo_op_count.py)
+  "kernels"     in two Mosaic GPU kernels (fields_kernels.py), every level of a block at once
+                in registers, one custom call each (654 StableHLO ops per layer); the
+                off-diagonal gap's O(nb^2) spread stays in XLA. On an H200 it compiles the
+                fpa_125m step 5.6 s faster (33.2 against 38.8 s of XLA compile; lowering takes
+                2.2 s longer) but costs 0.087 ms more per layer call at (8, 2048, 12, 64): the
+                masked [n, n] tiles take Lv exponentials per position and side where level by
+                level takes two (docs/benchmarks.md, "Field passes in kernels"), so it is not
+                the default
+  "all_levels"  in XLA, every level at once: per block, a [Lv, n, n] mask of the (level,
+                position, position) triples that share a group meets the block's positions,
+                and one fused masked reduction forms each statistic and each side's spread: 850
+                StableHLO ops per layer, but Lv n exponentials per position and side (448 at
+                n = 64) for the spreads and for the masses, and [..., nb, Lv, n, n]
+                intermediates if XLA does not fuse them. On an H200 it compiles fpa_125m 8.7 s
+                faster than "by_level" but costs 0.37 ms more per layer call and 9% of the
+                train step's throughput (docs/benchmarks.md, "Every level at once")
+The XLA forms are also the reference the kernels are tested against.
 """
+
+from typing import NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from mixer_kernels.mosaic_gpu.attention import fields_kernels
 from mixer_kernels.mosaic_gpu.attention.common import BIG
 from mixer_kernels.mosaic_gpu.attention.common import decay as _decay
 
 FIELD_PASSES = "by_level"
+PASSES = ("kernels", "by_level", "all_levels")
 
 
 def num_levels(block):
@@ -64,11 +76,58 @@ def level_stats(phi, block, tau):
     return _level_stats_by_level(phi, block, tau)
 
 
+def _passes():
+    """FIELD_PASSES, checked (a clear error for other values)."""
+    if FIELD_PASSES not in PASSES:
+        raise ValueError(f"FIELD_PASSES: expected one of {PASSES}, got {FIELD_PASSES!r}")
+    return FIELD_PASSES
+
+
 def _all_levels():
-    """Whether FIELD_PASSES asks for every level at once (a clear error for other values)."""
-    if FIELD_PASSES not in ("by_level", "all_levels"):
-        raise ValueError(f"FIELD_PASSES: expected 'by_level' or 'all_levels', got {FIELD_PASSES!r}")
-    return FIELD_PASSES == "all_levels"
+    """Whether the XLA passes form every level at once ("kernels" falls back to by_level where
+    an XLA form is asked for: the reference, shapes the kernels do not take)."""
+    return _passes() == "all_levels"
+
+
+def _kind_index(kind):
+    return ("pre_min", "pre_mass", "suf_min", "suf_mass").index(kind)
+
+
+class Statistics(NamedTuple):
+    """The level statistics of phi [B, H, Tp] (`statistics`): the kernels' stats pack
+    [B, H, nb, rows, n] (fields_kernels.py) or the XLA forms' four [B, H, Lv, Tp] arrays."""
+    block: int
+    masses: bool
+    pack: Optional[jax.Array] = None
+    levels: Optional[tuple] = None
+
+    def get(self, kind, level):
+        """Statistic kind ("pre_min", "pre_mass", "suf_min", "suf_mass") at level: [B, H, Tp]."""
+        if self.pack is not None:
+            return fields_kernels.stats_from_pack(self.pack, kind, level, self.block, self.masses)
+        return self.levels[_kind_index(kind)][:, :, level]
+
+    def diagonal_pack(self, side):
+        """The diagonal levels' minima then masses of side "pre" (queries) or "suf" (keys),
+        [B, H, nb, 2 top, n], as the backward sweeps read them."""
+        top = self.block.bit_length() - 1
+        if self.pack is not None:
+            first = fields_kernels.stat_row(f"{side}_min", 0, self.block, self.masses)
+            return self.pack[:, :, :, first:first + 2 * top]
+        rows = [self.levels[_kind_index(f"{side}_{what}")][:, :, level]
+                for what in ("min", "mass") for level in range(top)]
+        stacked = jnp.stack(rows, axis=2)                              # [B, H, R, Tp]
+        b, h, r, tp = stacked.shape
+        return jnp.moveaxis(stacked.reshape(b, h, r, tp // self.block, self.block), 3, 2)
+
+
+def statistics(phi, block, tau, masses=True):
+    """Statistics of phi [B, H, Tp] by FIELD_PASSES (without masses, only the minima are
+    asked for: the kernel skips the masses, XLA drops them)."""
+    if _passes() == "kernels":
+        return Statistics(block, masses, pack=fields_kernels.level_stats_pack(phi, block, tau,
+                                                                             masses))
+    return Statistics(block, masses, levels=level_stats(phi, block, tau))
 
 
 def _level_stats_by_level(phi, block, tau):
@@ -219,10 +278,18 @@ def spread_gap(gap_total, block_min, phi, block, tau):
     return (totals[..., None] * _decay(x - block_min[..., None], tau)).reshape(phi.shape)
 
 
-def field_gradient(col_share, row_share, gap_total, phi, block, tau, pre_min, suf_min):
-    """dphi [..., Tp] from the kernels' shares: col/row_share [..., Lv, Tp]; pre_min, suf_min
-    [..., Lv, Tp] level_stats' minima (FIELD_PASSES)."""
-    dphi = (spread_levels(col_share, suf_min, phi, block, tau, "suffix")
-            + spread_levels(row_share, pre_min, phi, block, tau, "prefix"))
-    block_min = at_block_ends(pre_min[..., -1, :], block)
+def field_gradient(shares, gap_total, phi, block, tau, stats):
+    """dphi [B, H, Tp] from the kernels' shares: shares [B, H, nb, 2 Lv, n] (the key side's
+    levels 0 .. top, then the query side's), gap_total [B, H, nb(i), nb(j)], stats the
+    `statistics` of phi (FIELD_PASSES)."""
+    levels = num_levels(block)
+    if stats.pack is not None:
+        dphi = fields_kernels.spread_pack(shares, stats.pack, phi, block, tau, stats.masses)
+    else:
+        pre_min, _, suf_min, _ = stats.levels
+        dphi = (spread_levels(_levels_first(shares[:, :, :, :levels]), suf_min, phi, block, tau,
+                              "suffix")
+                + spread_levels(_levels_first(shares[:, :, :, levels:]), pre_min, phi, block,
+                                tau, "prefix"))
+    block_min = at_block_ends(stats.get("pre_min", levels - 1), block)
     return dphi + spread_gap(gap_total, block_min, phi, block, tau)

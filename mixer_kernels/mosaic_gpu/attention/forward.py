@@ -38,7 +38,7 @@ import jax.numpy as jnp
 
 from mixer_kernels.mosaic_gpu.attention.bias import FPABias, NoBias, SeparableBias
 from mixer_kernels.mosaic_gpu.attention.common import BIG, BLOCK, SUPPORTED_HEAD_DIMS, dead_key_bounds
-from mixer_kernels.mosaic_gpu.attention.fields import at_block_ends, level_stats
+from mixer_kernels.mosaic_gpu.attention.fields import at_block_ends, statistics
 from mixer_core.interpret import interpret_active
 from mixer_core.padding import pad_time
 from mixer_kernels.mosaic_gpu.attention.forward_kernel import LOG2E, ForwardConfig, forward_kernel
@@ -168,8 +168,8 @@ def attention_forward(q, k, v, bias=NoBias(), *, scale: float,
     elif fpa:
         phi = heads_major(bias.phi, padded, edge=True)
         psi = heads_major(bias.psi, padded)
-        pre_min, _, suf_min, _ = level_stats(phi, n, 1.0)  # minima only: XLA drops the masses
-        vec["pre"], vec["suf"] = pre_min[:, :, cfg.levels], suf_min[:, :, cfg.levels]
+        stats = statistics(phi, n, 1.0, masses=False)  # minima only
+        vec["pre"], vec["suf"] = stats.get("pre_min", cfg.levels), stats.get("suf_min", cfg.levels)
         vec["bmin"] = _per_block(at_block_ends(vec["pre"], n), n)
         vec["beta"] = jnp.broadcast_to(bias.beta.astype(jnp.float32)[None, :, None],
                                        (batch, heads, padded))
@@ -178,7 +178,8 @@ def attention_forward(q, k, v, bias=NoBias(), *, scale: float,
             vec["clo"] = vec["bmin"]
             vec["kap"], vec["kpmax"] = dead_key_bounds(vec["suf"], psi, n)
         for level in range(cfg.levels):
-            vec[f"dpre{level}"], vec[f"dsuf{level}"] = pre_min[:, :, level], suf_min[:, :, level]
+            vec[f"dpre{level}"] = stats.get("pre_min", level)
+            vec[f"dsuf{level}"] = stats.get("suf_min", level)
         if prune and cfg.query_level:
             vec["qc"] = _per_block(_masked_block(vec["pre"] - psi, real, n, jnp.max, -BIG), n)
             vec["qp"] = _per_block(_masked_block(psi, real, n, jnp.min, BIG), n)

@@ -1,6 +1,7 @@
-"""FPA's XLA field passes (mixer_kernels/mosaic_gpu/attention/fields.py), in both of their
-FIELD_PASSES forms, against float64 loops over their definitions: the per-level prefix / suffix
-minima and masses, and the spreading of per-level shares back over the positions."""
+"""FPA's field passes (mixer_kernels/mosaic_gpu/attention/fields.py), in their XLA forms and in
+the field kernels (fields_kernels.py, GPU interpreter), against float64 loops over their
+definitions: the per-level prefix / suffix minima and masses, and the spreading of per-level
+shares back over the positions."""
 
 import functools
 
@@ -9,11 +10,12 @@ import pytest
 import jax
 import jax.numpy as jnp
 
-from mixer_kernels.mosaic_gpu.attention import fields
-from mixer_kernels.mosaic_gpu.attention.common import BIG
+from mixer_core.interpret import gpu_interpret
+from mixer_kernels.mosaic_gpu.attention import fields, fields_kernels
+from mixer_kernels.mosaic_gpu.attention.common import BIG, BLOCK
 from tests.seeds import case_seed
 
-PASSES = ("by_level", "all_levels")
+PASSES = ("by_level", "all_levels")   # the XLA forms
 
 
 # The passes compiled whole (op by op, each of their small ops would compile on its own).
@@ -99,17 +101,71 @@ def test_spreads_match_their_definition(side, passes, monkeypatch):
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.slow   # the non-default form: the full suite runs it
-def test_backward_gradients_agree_under_both_field_passes(monkeypatch):
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _kernel_stats(phi, tau, masses):
+    stats = fields_kernels.level_stats_pack(phi, BLOCK, tau, masses)
+    return [[fields_kernels.stats_from_pack(stats, kind, level, BLOCK, masses)
+             for level in range(fields.num_levels(BLOCK))]
+            for kind in fields_kernels.stat_kinds(masses)]
+
+
+@pytest.mark.parametrize("masses", [True, False])
+@pytest.mark.parametrize("drift, tau", [(0.0, 1.0), (-1000.0, 0.5), (300.0, 2.0)])
+def test_stats_kernel_matches_the_definition(drift, tau, masses):
+    """Every level's minima (exact: a minimum does not round) and masses, at drifts of
+    hundreds of tau (every exponent stays <= 0), with ties; without masses the minima only."""
+    rng = np.random.default_rng(case_seed(int(2000 + drift + tau * 10 + masses)))
+    phi = _walk(rng, (1, 2, 2 * BLOCK), drift)
+    with gpu_interpret():
+        got = _kernel_stats(jnp.asarray(phi, jnp.float32), tau, masses)
+    want = _direct_stats(np.asarray(jnp.asarray(phi, jnp.float32), np.float64), BLOCK, tau)
+    for kind, per_level in zip(fields_kernels.stat_kinds(masses), got):
+        w = want[("pre_min", "pre_mass", "suf_min", "suf_mass").index(kind)]
+        g = np.stack([np.asarray(x, np.float64) for x in per_level], axis=-2)
+        if kind.endswith("min"):
+            np.testing.assert_array_equal(g, w.astype(np.float32), err_msg=kind)
+        else:
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5, err_msg=kind)
+
+
+@pytest.mark.parametrize("masses", [True, False])
+def test_spread_kernel_matches_the_xla_passes(masses):
+    """The level spreads of both sides from the shares pack equal the XLA form's (which the
+    test above checks against the definition); drift -200 keeps the exponents' clamps busy."""
+    rng = np.random.default_rng(case_seed(31 + masses))
+    tau, levels = 0.7, fields.num_levels(BLOCK)
+    batch, heads, length = 1, 2, 2 * BLOCK
+    phi = jnp.asarray(_walk(rng, (batch, heads, length), -200.0 / length), jnp.float32)
+    col_share, row_share = (jnp.asarray(rng.normal(size=(batch, heads, levels, length)),
+                                        jnp.float32) for _ in range(2))
+    blocks = lambda x: jnp.moveaxis(x.reshape(batch, heads, levels, -1, BLOCK), 3, 2)
+    shares = jnp.concatenate([blocks(col_share), blocks(row_share)], axis=3)
+    pre_min, _, suf_min, _ = fields.level_stats(phi, BLOCK, tau)
+    want = (fields.spread_levels(col_share, suf_min, phi, BLOCK, tau, "suffix")
+            + fields.spread_levels(row_share, pre_min, phi, BLOCK, tau, "prefix"))
+    with gpu_interpret():
+        got = jax.jit(lambda s, p: fields_kernels.spread_pack(
+            s, fields_kernels.level_stats_pack(p, BLOCK, tau, masses), p, BLOCK, tau,
+            masses))(shares, phi)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5,
+                               atol=1e-5 * float(jnp.abs(want).max()))
+
+
+@pytest.mark.slow   # the non-default forms: the full suite runs it
+def test_backward_gradients_agree_under_every_field_pass_form(monkeypatch):
     """FPA's compiled-path backward (GPU interpreter) gives the same gradients whichever form
-    forms its field statistics and spreads (up to float32 summation order)."""
+    (the field kernels or an XLA form) forms its field statistics and spreads (up to float32
+    summation order)."""
     from tests.mixer_kernels.mosaic_gpu.attention.schedule_cases import (backward_case,
                                                                           interpreted_gradients)
     args, bias, segment_ids = backward_case(case_seed(7), "fpa")
     grads = {}
-    for passes in PASSES:
+    for passes in fields.PASSES:
         monkeypatch.setattr(fields, "FIELD_PASSES", passes)
         grads[passes] = interpreted_gradients(args, bias, segment_ids, prune=True)
-    for a, b in zip(*grads.values()):
-        a, b = np.asarray(a), np.asarray(b)
-        np.testing.assert_allclose(b, a, rtol=0, atol=1e-5 * max(float(np.abs(a).max()), 1e-6))
+    reference = grads.pop("by_level")
+    for form, got in grads.items():
+        for a, b in zip(reference, got):
+            a, b = np.asarray(a), np.asarray(b)
+            np.testing.assert_allclose(b, a, rtol=0, atol=1e-5 * max(float(np.abs(a).max()), 1e-6),
+                                       err_msg=form)
