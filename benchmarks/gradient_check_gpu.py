@@ -1,6 +1,7 @@
 """Compiled Pallas attention gradients against the "xla" implementation, on the GPU.
 
     python benchmarks/gradient_check_gpu.py [--ops fpa,fox,softmax] [--dims 64,128] [--seed N]
+        [--diagonal-shares kernel|dkv] [--field-passes kernels|by_level|all_levels]
         (exits 1 when an error exceeds the bar)
 
 FPA (the drifting walk of benchmarks/op_trace.py), FoX and softmax at (B, T, H) = (1, 1000, 2)
@@ -22,6 +23,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
+from benchmarks import field_passes_option  # noqa: E402
 from benchmarks.op_trace import attention_inputs  # noqa: E402
 
 BAR = 2e-2
@@ -39,7 +41,14 @@ def main():
     parser.add_argument("--ops", default="fpa,fox,softmax")
     parser.add_argument("--dims", default="64,128")
     parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--diagonal-shares", choices=("kernel", "dkv"), default=None,
+                        help="fpa: mixer_kernels/mosaic_gpu/attention/backward.py DIAGONAL_SHARES")
+    field_passes_option.add(parser)
     args = parser.parse_args()
+    field_passes_option.apply(args)
+    if args.diagonal_shares is not None:
+        from mixer_kernels.mosaic_gpu.attention import backward
+        backward.DIAGONAL_SHARES = args.diagonal_shares
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
     print(f"seed {seed}", flush=True)
     worst = 0.0

@@ -5,6 +5,7 @@
         [--residuals internals|inputs] [--xla-operands float32|16-bit]
     python benchmarks/op_trace.py fpa|fox|softmax ... [--overlap none|dq|dkv|both]
     python benchmarks/op_trace.py fpa ... [--field-passes kernels|by_level|all_levels]
+        [--diagonal-shares kernel|dkv]
     python benchmarks/op_trace.py fpa --shape 4,4096,12,64 1,16384,12,64 --fields walk,flat,fox
 
 op: fpa | fox | softmax (the "pallas" kernels) or gdn (gated_delta_rule, "pallas"); bf16 inputs,
@@ -135,6 +136,7 @@ def _knobs(op):
     if op == "fpa":
         from mixer_kernels.mosaic_gpu.attention import fields
         knobs["field_passes"] = fields.FIELD_PASSES
+        knobs["diagonal_shares"] = backward.DIAGONAL_SHARES
     return knobs
 
 
@@ -158,9 +160,15 @@ def main():
     parser.add_argument("--xla-operands", choices=("float32", "16-bit"), default=None,
                         help="gdn: the operands of the op's XLA matrix products "
                              "(vjp.XLA_OPERANDS)")
+    parser.add_argument("--diagonal-shares", choices=("kernel", "dkv"), default=None,
+                        help="fpa: where the diagonal tiles' per-level shares are formed "
+                             "(mixer_kernels/mosaic_gpu/attention/backward.py DIAGONAL_SHARES)")
     field_passes_option.add(parser)
     args = parser.parse_args()
     field_passes_option.apply(args)
+    if args.diagonal_shares is not None:
+        from mixer_kernels.mosaic_gpu.attention import backward
+        backward.DIAGONAL_SHARES = args.diagonal_shares
     if args.overlap is not None:
         from mixer_kernels.mosaic_gpu.attention import backward
         schedule = (args.overlap in ("dq", "both"), args.overlap in ("dkv", "both"))

@@ -33,7 +33,9 @@ reciprocal per pair) or row-referenced (weights relative to m_t = min(G, C_t) an
 exponential of -|m_t - A_s| per pair; exact for any spread). Query levels take the exact
 shares. The gap's minimum and soft-min mass are scalars carried along the sweep. The diagonal
 tiles' per-level shares come from a third kernel (backward_diagonal_kernel.py), which keeps their
-six levels' work out of the two sweeps (it cost them registers and spills on every tile).
+six levels' work out of the two sweeps (it cost them registers and spills on every tile), or
+(diagonal_in_dkv) from XLA, given the diagonal tiles' beta [dead] dS that the dk/dv sweep
+writes out ([B, H, nb, n(s), n(t)] float32, fields.diagonal_shares).
 
 Two sweep kernels, no atomics: `dkv` runs one program per key block j over query blocks i >= j
 (dk, dv, column sums, and the per-tile gap totals), `dq` one per query block i over key blocks
@@ -86,6 +88,9 @@ class KernelConfig:
                                     # backward.kernel_config picks it outside the interpreter)
     overlap_dq: bool = False  # dq: issue the scores' and dP's matmuls together and form P
     overlap_dkv: bool = False  # (bias, exp) while dP's is in flight; dk/dv likewise
+    diagonal_in_dkv: bool = False  # FPA: dk/dv also writes each diagonal tile's beta [dead] dS
+                                   # (the per-level shares then come from XLA, not from
+                                   # backward_diagonal_kernel.py; backward.DIAGONAL_SHARES)
 
     @property
     def skips(self):
@@ -766,14 +771,18 @@ def dkv_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
         out_types.append(jax.ShapeDtypeStruct((batch, heads, nb, len(out_names), n), jnp.float32))
     if fpa:
         out_types.append(jax.ShapeDtypeStruct((batch, heads, nb, chunks, n), jnp.float32))
+    coef_out = fpa and cfg.diagonal_in_dkv
+    if coef_out:
+        out_types.append(jax.ShapeDtypeStruct((batch, heads, nb, n, n), jnp.float32))
 
     def body(*refs):
         (q_ref, k_ref, v_ref, do_ref, rowp_ref, colp_ref, rowd_ref, cold_ref, beta_ref,
          dk_ref, dv_ref, *rest) = refs
         colo_ref = rest.pop(0) if out_names else None
         gapo_ref = rest.pop(0) if fpa else None
+        coefo_ref = rest.pop(0) if coef_out else None
         (k_s, v_s, q_s, do_s, rowp_s, colp_s, rowd_s, cold_s, beta_s, p_s, ds_s, colo_s, gap_s,
-         bars) = rest
+         coef_s, bars) = rest
         h = lax.axis_index("h")
         j = lax.axis_index("kb")
         b = lax.axis_index("b")
@@ -812,6 +821,8 @@ def dkv_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
                     (v_s, do_s.at[slot].transpose((1, 0))), (n, n),
                     lambda p: _accumulate(cfg, dv, p, p_s, do_s.at[slot])[0])
                 ds = p * (dp - tile.row("delta"))
+                if coef_s is not None and diagonal:   # [s, t], for fields.diagonal_shares
+                    coef_s[...] = beta * tile.dead_coef(ds, extra["gap"]())[0]
 
                 field = None
                 if fpa and field_work:
@@ -848,6 +859,8 @@ def dkv_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
             plgpu.copy_smem_to_gmem(colo_s, colo_ref.at[b, h, j])
         if gapo_ref is not None:
             plgpu.copy_smem_to_gmem(gap_s, gapo_ref.at[b, h, j])
+        if coefo_ref is not None:
+            plgpu.copy_smem_to_gmem(coef_s, coefo_ref.at[b, h, j])
         plgpu.wait_smem_to_gmem(0)
 
     dtype = q.dtype
@@ -857,6 +870,7 @@ def dkv_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
         None if cfg.lhs_in_registers else swizzled_smem((n, n), dtype),
         plgpu.SMEM((max(len(out_names), 1), n), jnp.float32),
         plgpu.SMEM((chunks, n), jnp.float32) if fpa else None,
+        swizzled_smem((n, n), jnp.float32) if coef_out else None,
         plgpu.Barrier(num_barriers=12),
     ]
     body.__name__ = f"attention_dkv_{cfg.mode}"  # the kernel's name in profiles

@@ -169,3 +169,21 @@ def test_backward_gradients_agree_under_every_field_pass_form(monkeypatch):
             a, b = np.asarray(a), np.asarray(b)
             np.testing.assert_allclose(b, a, rtol=0, atol=1e-5 * max(float(np.abs(a).max()), 1e-6),
                                        err_msg=form)
+
+
+def test_field_kernels_lower_for_hopper(monkeypatch):
+    """The statistics (forward: minima only; backward: with masses) and the spread lower as
+    Mosaic GPU kernels: three custom calls of their own in the op's forward and backward."""
+    from tests.mixer_kernels.mosaic_gpu.attention.schedule_cases import backward_case
+    from mixer_kernels.mosaic_gpu.attention.backward import attention_backward
+    from mixer_kernels.mosaic_gpu.attention.forward import attention_forward
+    monkeypatch.setattr(fields, "FIELD_PASSES", "kernels")
+    args, bias, segment_ids = backward_case(0, "fpa")
+    args = tuple(x.astype(jnp.bfloat16) if x.ndim == 4 else x for x in args)
+    lower = lambda fn, *a: jax.jit(fn).trace(*a).lower(lowering_platforms=("cuda",)).as_text()
+    forward = lower(lambda q, k, v: attention_forward(q, k, v, bias, scale=0.125,
+                                                      segment_ids=segment_ids), *args[:3])
+    backward = lower(lambda *a: attention_backward(*a, bias=bias, scale=0.125,
+                                                   segment_ids=segment_ids), *args)
+    assert forward.count("fpa_field_stats") >= 1 and "fpa_field_spread" not in forward
+    assert backward.count("fpa_field_stats") >= 1 and backward.count("fpa_field_spread") >= 1
