@@ -378,24 +378,37 @@ class _Tile:
 
     def level_gap(self, gap_min):
         """u = min(0, R - level) [n, n] of an off-diagonal FPA tile (< 0 where the key is
-        dead): two operations per pair, as min(x, a - level) with the per-key (key levels) or
-        per-query (query levels) part folded into a vector first. With A'_s = min(A_s, G):
+        dead): two operations per pair, as min(x, a - level) with everything else folded into
+        vectors first. With A'_s = min(A_s, G), C'_t = min(C_t, G):
 
-            key level psi_s:    u = min(min(key_gap_s, G - psi_s), C_t - psi_s)
-            query level psi_t:  u = min(min(0, C_t - psi_t), A'_s - psi_t)
+            key level psi_s:    u = min(min(key_gap_s, G - psi_s), C_t - psi_s)     (dk/dv)
+                                u = min(key_gap_s, C'_t - psi_s)                     (dq)
+            query level psi_t:  u = min(min(0, C_t - psi_t), A'_s - psi_t)          (dk/dv)
+                                u = min(min(0, C_t - psi_t, G - psi_t), A_s - psi_t)  (dq)
 
-        with key_gap_s = min(0, A_s - psi_s) from the pack; equal to min(0, min(A'_s, C_t) -
-        level) bit for bit (rounding is monotone: min(A, G) - psi = min(A - psi, G - psi)). The
-        vectors are read from shared memory at each call, so a caller can recompute u instead
-        of keeping the tile live."""
+        with key_gap_s = min(0, A_s - psi_s) from the pack; all equal min(0, min(A'_s, C_t) -
+        level) bit for bit (rounding is monotone: min(A, G) - psi = min(A - psi, G - psi)). Each
+        sweep folds G into the side whose vectors lie along the tile's rows: a vector along
+        the columns costs half a tile operation (a thread holds 16 of its values), one along
+        the rows 1/16. The vectors are read from shared memory at each call, so a caller can
+        recompute u instead of keeping the tile live."""
         over_keys = lambda x: lax.broadcast_in_dim(x, self.shape, [self.ka])
         over_queries = lambda x: lax.broadcast_in_dim(x, self.shape, [self.qa])
+        queries_on_rows = self.qa == 0
         if self.cfg.query_level:
-            key_min = jnp.minimum(self.cols.vec("suf_min"), gap_min)
             level = self.rows.vec("psi")
             folded = jnp.minimum(self.rows.vec("pre_min") - level, 0.0)
+            if queries_on_rows:
+                folded = jnp.minimum(folded, gap_min - level)
+                return jnp.minimum(over_queries(folded),
+                                   over_keys(self.cols.vec("suf_min")) - over_queries(level))
+            key_min = jnp.minimum(self.cols.vec("suf_min"), gap_min)
             return jnp.minimum(over_queries(folded), over_keys(key_min) - over_queries(level))
         level = self.cols.vec("psi")
+        if queries_on_rows:
+            low = jnp.minimum(self.rows.vec("pre_min"), gap_min)
+            return jnp.minimum(over_keys(self.cols.vec("key_gap")),
+                               over_queries(low) - over_keys(level))
         folded = jnp.minimum(self.cols.vec("key_gap"), gap_min - level)
         return jnp.minimum(over_keys(folded), over_queries(self.rows.vec("pre_min"))
                            - over_keys(level))
@@ -513,11 +526,18 @@ class _Tile:
         """
         tau = self.cfg.tau
         w_gap = _decay(gap_min - r, tau)
-        key_part = self.cols.vec("suf_wmass") * _decay(self.cols.scalar("alo") - r, tau)
-        query_part = (self.rows.vec("pre_wmass") * _decay(self.rows.scalar("bmin") - r, tau)
-                      + gap_mass * w_gap)
-        denom = (lax.broadcast_in_dim(key_part, self.shape, [self.ka])
-                 + lax.broadcast_in_dim(query_part, self.shape, [self.qa]))
+        key_scale = _decay(self.cols.scalar("alo") - r, tau)
+        query_scale = _decay(self.rows.scalar("bmin") - r, tau)
+        over_keys = lambda x: lax.broadcast_in_dim(x, self.shape, [self.ka])
+        over_queries = lambda x: lax.broadcast_in_dim(x, self.shape, [self.qa])
+        # the side along the tile's columns is scaled per pair (one fused multiply-add with
+        # the sum) rather than as a vector, which costs half a tile operation there
+        if self.qa == 0:   # dq: queries along the rows
+            rows = self.rows.vec("pre_wmass") * query_scale + gap_mass * w_gap
+            denom = over_keys(self.cols.vec("suf_wmass")) * key_scale + over_queries(rows)
+        else:              # dk/dv: keys along the rows
+            rows = self.cols.vec("suf_wmass") * key_scale + gap_mass * w_gap
+            denom = over_queries(self.rows.vec("pre_wmass")) * query_scale + over_keys(rows)
         w_key = _decay(self.cols.vec("suf_min") - r, tau)    # used after the sums, each by the
         w_query = _decay(self.rows.vec("pre_min") - r, tau)  # sweep whose rows it lies along
         return coef * reciprocal(denom), w_key, w_query, w_gap
