@@ -116,6 +116,22 @@ def test_a_kernel_backend_imports_only_the_core_and_itself():
     assert not problems, "\n".join(problems)
 
 
+def test_the_op_families_do_not_import_each_other():
+    """fpa_jax and gdn_jax share only what lies below them (mixer_core, the kernels): a hybrid
+    model combines them in train/, never one inside the other."""
+    families = ("fpa_jax", "gdn_jax")
+    problems = []
+    for module, path in MODULES.items():
+        family = module.split(".")[0]
+        if family not in families:
+            continue
+        for line, target in imported_modules(module, path):
+            other = target.split(".")[0]
+            if other in families and other != family:
+                problems.append(f"{path.relative_to(REPO)}:{line}: {module} imports {target}")
+    assert not problems, "\n".join(problems)
+
+
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     """The strongly connected components of more than one module (Tarjan), and modules that
     import themselves."""

@@ -6,12 +6,13 @@
 #   VARIANTS="plain ss_k0.5 ss_k1" LIMIT=545 bash benchmarks/gpu/spectralshift_one.sh
 #       carry: [".whl", "data/prose"], timeout_s 600; then the same call again, at once,
 #       until the table has every row
-# Measured on 2026-12-03: pretraining and measuring the reference took 385 s, most of it
-# compiling (the train step 49-62 s, then every measure at its own length); a cold call that
-# keeps the reference row (results/spectralshift_h200/results.json, --reference-from-results)
-# pretrained in 277 s and trained the plain variant (compile 45 s) before its 545 s ran out.
-# The runs, JAX's compilation cache and the results live in /tmp/ss, which outlives a call while
-# the machine stays warm (30 s), so the same call issued again at once continues: finished runs
+# Timing (H200, 2026-12-03): pretraining and measuring the reference take 385 s, most of it
+# compiling (the train step 49-62 s, then every measure at its own length); a call that keeps
+# the reference row (results/spectralshift_h200/results.json, --reference-from-results)
+# pretrains in 277 s and trains the plain variant (compile 45 s) within 545 s, so one variant
+# takes more than one call. The runs, JAX's compilation cache and the results live in
+# /tmp/ss, which survives between calls on the same machine, so the same call issued again
+# continues: finished runs
 # resume at their last step (21 s for both), measured variants are skipped (--skip-measured),
 # and nothing compiled before compiles again (the cache, 41-62 MB, is too large to come back).
 # A cold machine starts over (pretraining again, same seed and batches).

@@ -1,5 +1,5 @@
-"""Tiles of the blocked FPA attention, shared by the forward (xla.py), the backward
-(xla_vjp.py) and the Pallas kernels.
+"""Tiles of the blocked FPA attention, shared by the XLA forward (xla.py) and backward
+(xla_vjp.py).
 
 Per head, with blocks of n positions (query block i, key block j = i - d):
 

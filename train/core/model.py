@@ -45,7 +45,7 @@ def constrain(x: jax.Array, logical_axes: tuple[str, ...]) -> jax.Array:
     return nn.with_logical_constraint(x, logical_axes, rules=activation_rules())
 
 
-def _dtype(name: str) -> Any:
+def dtype_of(name: str) -> Any:
     return {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[name]
 
 
@@ -61,8 +61,8 @@ def build_mixer(config: Config, layer_index: int, name: str | None) -> nn.Module
     (`op_name`), whose registry checks its `implementation`.
     """
     return layer_spec(config, layer_index).build(
-        config, layer_index, name=name, dtype=_dtype(config.model.dtype),
-        param_dtype=_dtype(config.model.param_dtype))
+        config, layer_index, name=name, dtype=dtype_of(config.model.dtype),
+        param_dtype=dtype_of(config.model.param_dtype))
 
 
 def rms_norm(eps: float, dtype: Any, param_dtype: Any, name: str) -> nn.RMSNorm:
@@ -97,7 +97,7 @@ class Block(nn.Module):
     @nn.compact
     def __call__(self, x, segment_ids, positions):
         m = self.config.model
-        dtype, param_dtype = _dtype(m.dtype), _dtype(m.param_dtype)
+        dtype, param_dtype = dtype_of(m.dtype), dtype_of(m.param_dtype)
         mixer = build_mixer(self.config, self.layer_index, name="mixer")
         h = rms_norm(m.norm_eps, dtype, param_dtype, name="mixer_norm")(x)
         h = mixer(h, segment_ids=segment_ids, positions=positions)
@@ -128,7 +128,7 @@ class LanguageModel(nn.Module):
             raise TypeError(f"LanguageModel: tokens and segment_ids must be integer, got "
                             f"{tokens.dtype} and {segment_ids.dtype}")
         m = self.config.model
-        dtype, param_dtype = _dtype(m.dtype), _dtype(m.param_dtype)
+        dtype, param_dtype = dtype_of(m.dtype), dtype_of(m.param_dtype)
         embedding = nn.Embed(self.vocab_size, m.d_model, dtype=dtype, param_dtype=param_dtype,
                              embedding_init=nn.with_logical_partitioning(
                                  nn.initializers.normal(m.init_std), ("vocab", "embed")),

@@ -66,6 +66,7 @@ def needle_tokens(run_dir: str | Path, length: int, num_samples: int, position: 
                   ) -> np.ndarray:
     """[num_samples, length] int32: the needle inputs `spectra` makes for a run (its held-out
     text with NEEDLE's last token at `position`); the same for every call on the same run."""
+    # deferred: keeps orbax, optax and grain (the trainer) out of the plotting imports
     from train.core.runs import load_run
 
     _, tokenizer = load_run(run_dir)

@@ -22,7 +22,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from train.core.model import LanguageModel, SwiGLU, _dtype, build_mixer, rms_norm
+from train.core.model import LanguageModel, SwiGLU, build_mixer, dtype_of, rms_norm
 from train.generate import mixers
 
 
@@ -38,7 +38,7 @@ class Decoder:
         self.decodings = [mixers.decoding(config, index, mixer)
                           for index, mixer in enumerate(self.mixers)]
         m = config.model
-        self._dtype, self._param_dtype = _dtype(m.dtype), _dtype(m.param_dtype)
+        self._dtype, self._param_dtype = dtype_of(m.dtype), dtype_of(m.param_dtype)
         self._norm = rms_norm(m.norm_eps, self._dtype, self._param_dtype, name=None)
         self._mlp = SwiGLU(config.mlp_dim(), m.init_std, self._dtype, self._param_dtype)
         self._embed = nn.Embed(model.vocab_size, m.d_model, dtype=self._dtype,

@@ -9,7 +9,7 @@ Runs on a Hopper GPU (or the CPU in GPU interpret mode, for tests) with bf16/fp1
 import jax.numpy as jnp
 
 from mixer_kernels.mosaic_gpu.gated_delta import state_kernels, vjp
-from mixer_kernels.mosaic_gpu.gated_delta.common import CHUNK, SUPPORTED_DIMS
+from mixer_kernels.mosaic_gpu.gated_delta.common import CHUNK, SUPPORTED_HEAD_DIMS
 from mixer_core.registry import mosaic_gpu_reason
 
 def supports(**facts):
@@ -18,8 +18,8 @@ def supports(**facts):
     if reason is not None:
         return reason
     key_dim, value_dim = facts.get("head_dim"), facts.get("value_head_dim")
-    if key_dim not in SUPPORTED_DIMS or value_dim not in SUPPORTED_DIMS:
-        return (f"needs K and V in {SUPPORTED_DIMS}, got K = {key_dim}, "
+    if key_dim not in SUPPORTED_HEAD_DIMS or value_dim not in SUPPORTED_HEAD_DIMS:
+        return (f"needs K and V in {SUPPORTED_HEAD_DIMS}, got K = {key_dim}, "
                 f"V = {value_dim}")
     if facts.get("chunk_size") != CHUNK:
         return f"needs chunk_size {CHUNK}, got {facts.get('chunk_size')}"

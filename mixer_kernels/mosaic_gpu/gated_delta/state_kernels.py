@@ -32,7 +32,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from mixer_kernels.mosaic_gpu.gated_delta.common import SMEM_BYTES, SUPPORTED_DIMS
+from mixer_kernels.mosaic_gpu.gated_delta.common import SMEM_BYTES, SUPPORTED_HEAD_DIMS
 from mixer_kernels.mosaic_gpu.common import matmul, swizzled_smem
 
 
@@ -76,8 +76,8 @@ def choose_tiling(num_chunks, chunk, key_dim, value_dim, operand_dtype, value_ti
     tiles) do not pay: each block's chunk loop is latency-bound and a narrow tile only repeats
     the Kw/W loads.
     """
-    if key_dim not in SUPPORTED_DIMS or value_dim not in SUPPORTED_DIMS:
-        raise ValueError(f"K and V must be in {SUPPORTED_DIMS}, got K = {key_dim}, V = {value_dim}")
+    if key_dim not in SUPPORTED_HEAD_DIMS or value_dim not in SUPPORTED_HEAD_DIMS:
+        raise ValueError(f"K and V must be in {SUPPORTED_HEAD_DIMS}, got K = {key_dim}, V = {value_dim}")
     if chunk != 64:
         raise ValueError(f"chunk_size must be 64 for the pallas kernels, got {chunk}")
     candidates = (value_tile,) if value_tile is not None else (64, 32, 16)

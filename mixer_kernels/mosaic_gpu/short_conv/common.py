@@ -5,8 +5,10 @@
                      taps
     BLOCK            rows per program
     GROUP            channels per program without normalize_heads
+    SUPPORTED_HEAD_DIMS   channels per normalised head the kernel is built for
 """
 
 PAD = 8
 BLOCK = 64
 GROUP = 64
+SUPPORTED_HEAD_DIMS = (64, 128)

@@ -9,7 +9,7 @@ default (implementation=None) falls back to "xla".
 
 from mixer_core.registry import mosaic_gpu_reason
 from mixer_kernels.mosaic_gpu.short_conv.backward import conv_backward_pass, head_width
-from mixer_kernels.mosaic_gpu.short_conv.common import GROUP, PAD
+from mixer_kernels.mosaic_gpu.short_conv.common import GROUP, PAD, SUPPORTED_HEAD_DIMS
 
 def supports(**facts):
     """None if the kernel runs on these inputs, else the reason."""
@@ -20,8 +20,8 @@ def supports(**facts):
         return f"needs at most {PAD + 1} taps, got {facts.get('kernel_size')}"
     channels, heads = facts.get("channels", 0), facts.get("normalize_heads")
     width = head_width(channels, heads)
-    if heads is not None and width not in (64, 128):
-        return f"needs normalised heads of 64 or 128 channels, got {width}"
+    if heads is not None and width not in SUPPORTED_HEAD_DIMS:
+        return f"needs normalised heads of {SUPPORTED_HEAD_DIMS} channels, got {width}"
     if heads is None and channels % GROUP:
         return f"needs a multiple of {GROUP} channels, got {channels}"
     return None

@@ -139,7 +139,7 @@ SCRIPT = textwrap.dedent("""
 @pytest.mark.slow
 def test_context_parallel_training_equals_the_mesh_without_context():
     # at the session's CPU optimisation level 0 (the rings at XLA's default level:
-    # tests/fpa_jax/test_ring.py)
+    # tests/fpa_jax/test_context_parallel.py)
     result = run_on_cpu_devices(SCRIPT, str(case_seed(1201)))
     assert set(result) == {"fpa_gdn", "fox", "softmax_alibi_errors"}
     errors = result.pop("softmax_alibi_errors")
