@@ -8,9 +8,11 @@ Each op module owns its REGISTRY; this table is what the layers and the trainer'
 an `implementation` name against.
 """
 
+from types import MappingProxyType
+
 from fpa_jax.baselines import dcp, dipsum, fox, selective, softmax
 from fpa_jax.fpa import api
 
-REGISTRIES = {registry.op_name: registry for registry in (
+REGISTRIES = MappingProxyType({registry.op_name: registry for registry in (
     api.REGISTRY, fox.REGISTRY, softmax.REGISTRY, selective.REGISTRY, dcp.REGISTRY,
-    dipsum.REGISTRY)}
+    dipsum.REGISTRY)})

@@ -4,6 +4,8 @@ REGISTRIES maps op name ("gated_delta_rule", "short_conv") -> its dispatch Regis
 (gdn_jax.ops.api.REGISTRY, gdn_jax.ops.short_conv.REGISTRY).
 """
 
+from types import MappingProxyType as _MappingProxyType
+
 from gdn_jax.diagnostics import (
     SlowModeSummary,
     TransitionSpectrum,
@@ -19,8 +21,8 @@ from gdn_jax.ops.api import gated_delta_rule, recurrent_gated_delta_rule
 from gdn_jax.ops import short_conv as _short_conv
 from gdn_jax.spectral_shift import optimizer_labels, spectral_shift, spectralshift_scale
 
-REGISTRIES = {registry.op_name: registry                       # op name -> dispatch Registry
-              for registry in (_ops_api.REGISTRY, _short_conv.REGISTRY)}
+REGISTRIES = _MappingProxyType({registry.op_name: registry      # op name -> dispatch Registry
+                                for registry in (_ops_api.REGISTRY, _short_conv.REGISTRY)})
 
 __all__ = [
     "GatedDeltaNet",

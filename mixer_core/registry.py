@@ -1,9 +1,13 @@
 """One dispatch registry per op: name -> implementation, with an ordered default.
 
-    registry = Registry("fpa_attention", default_order=("pallas", "xla"))
-    registry.register("xla", fpa_xla)                          # runs everywhere
-    registry.register("pallas", fpa_pallas, supports=pallas_supports)
+    registry = Registry("fpa_attention", default_order=("pallas", "xla"), entries=(
+        Entry("xla", fpa_xla),                                 # runs everywhere
+        Entry("pallas", fpa_pallas, supports=pallas_supports)))
     name, fn = registry.select(implementation, **facts)        # facts: what `supports` reads
+
+A registry is immutable: its table is built once, in the op's module, from the backends that
+module imports (nothing registers by being imported); `with_default_order` gives a copy that
+tries its entries in another order.
 
 `supports(**facts)` returns None when the entry can run on those inputs (platform, dtype, head
 dim, ...) and otherwise a short reason. `select(None, ...)` walks `default_order` and returns
@@ -17,7 +21,8 @@ question the same way.
 """
 
 import dataclasses
-from typing import Callable, Optional
+from types import MappingProxyType
+from typing import Callable, Iterable, Optional
 
 import jax
 
@@ -42,20 +47,30 @@ class Entry:
 
 
 class Registry:
-    """The implementations of one op, in the order the default tries them."""
+    """The implementations of one op (read-only), in the order the default tries them.
+    `explicit_only` on an entry: a reason to keep the default from choosing it (for example a
+    kernel not yet validated on hardware); it still runs when named."""
 
-    def __init__(self, op_name: str, default_order: tuple[str, ...]):
-        self.op_name = op_name
-        self.default_order = tuple(default_order)
-        self._entries: dict[str, Entry] = {}
+    def __init__(self, op_name: str, default_order: tuple[str, ...], entries: Iterable[Entry]):
+        table: dict[str, Entry] = {}
+        for entry in entries:
+            if entry.name in table:
+                raise ValueError(f"{op_name}: implementation {entry.name!r} is listed twice")
+            table[entry.name] = entry
+        self._op_name, self._default_order = op_name, tuple(default_order)
+        self._entries = MappingProxyType(table)
 
-    def register(self, name: str, fn: Callable, supports: Supports = always,
-                 explicit_only: Optional[str] = None) -> None:
-        """Add an entry. `explicit_only`: a reason to keep the default from choosing it (for
-        example a kernel not yet validated on hardware); it still runs when named."""
-        if name in self._entries:
-            raise ValueError(f"{self.op_name}: implementation {name!r} is already registered")
-        self._entries[name] = Entry(name, fn, supports, explicit_only)
+    @property
+    def op_name(self) -> str:
+        return self._op_name
+
+    @property
+    def default_order(self) -> tuple[str, ...]:
+        return self._default_order
+
+    def with_default_order(self, default_order: tuple[str, ...]) -> "Registry":
+        """A copy with the same entries, tried by default in `default_order`."""
+        return Registry(self.op_name, default_order, self._entries.values())
 
     def names(self) -> tuple[str, ...]:
         return tuple(self._entries)

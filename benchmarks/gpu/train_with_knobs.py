@@ -29,7 +29,7 @@ if os.environ.get("DIAGONAL"):
 if os.environ.get("FIELDS"):
     fields.FIELD_PASSES = os.environ["FIELDS"]
 if os.environ.get("CONV") == "xla":
-    short_conv.REGISTRY.default_order = ("xla",)
+    short_conv.REGISTRY = short_conv.REGISTRY.with_default_order(("xla",))
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 from fpa_jax.baselines import flash_xla
 from fpa_jax.dispatch import attention_facts
 from fpa_jax.fpa import checks
-from mixer_core.registry import Registry
+from mixer_core.registry import Entry, Registry
 
 
 def keep_log_mask(mask_logits):
@@ -48,8 +48,9 @@ def _reference(q, k, v, mask_logits, segment_ids, *, scale):
     return out
 
 
-REGISTRY = Registry("dcp_attention", default_order=("reference",))
-REGISTRY.register("reference", _reference)
+REGISTRY = Registry("dcp_attention", default_order=("reference",), entries=(
+    Entry("reference", _reference),
+))
 
 
 def dcp_attention(q, k, v, mask_logits, *, scale=None, segment_ids=None, implementation=None):

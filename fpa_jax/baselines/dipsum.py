@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from fpa_jax.baselines import flash_xla
 from fpa_jax.dispatch import attention_facts
 from fpa_jax.fpa import checks
-from mixer_core.registry import Registry
+from mixer_core.registry import Entry, Registry
 
 
 def dip_sum_bias(phi, psi, beta):
@@ -46,8 +46,9 @@ def _reference(q, k, v, phi, psi, beta, segment_ids, *, scale):
     return out
 
 
-REGISTRY = Registry("dipsum_attention", default_order=("reference",))
-REGISTRY.register("reference", _reference)
+REGISTRY = Registry("dipsum_attention", default_order=("reference",), entries=(
+    Entry("reference", _reference),
+))
 
 
 def dipsum_attention(q, k, v, phi, psi, beta, *, scale=None, segment_ids=None,

@@ -31,7 +31,7 @@ from fpa_jax.baselines import flash_xla
 from fpa_jax.dispatch import attention_facts
 from fpa_jax.fpa import checks
 from mixer_kernels.mosaic_gpu.attention import register as pallas_backend
-from mixer_core.registry import Registry
+from mixer_core.registry import Entry, Registry
 
 
 def _cumulative(log_forget):
@@ -55,10 +55,11 @@ def _xla(q, k, v, log_forget, segment_ids, *, scale, block_size):
     return out
 
 
-REGISTRY = Registry("fox_attention", default_order=("pallas", "xla"))
-REGISTRY.register("reference", _reference)
-REGISTRY.register("xla", _xla)
-REGISTRY.register("pallas", pallas_backend.fox_pallas, supports=pallas_backend.pallas_supports)
+REGISTRY = Registry("fox_attention", default_order=("pallas", "xla"), entries=(
+    Entry("reference", _reference),
+    Entry("xla", _xla),
+    Entry("pallas", pallas_backend.fox_pallas, supports=pallas_backend.pallas_supports),
+))
 
 
 def fox_attention(q, k, v, log_forget, *, scale=None, segment_ids=None, implementation=None,

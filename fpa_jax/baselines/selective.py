@@ -30,7 +30,7 @@ from fpa_jax.baselines import flash_xla
 from fpa_jax.dispatch import attention_facts
 from fpa_jax.fpa import checks
 from fpa_jax.fpa.fields import document_starts
-from mixer_core.registry import Registry
+from mixer_core.registry import Entry, Registry
 
 
 def _document_starts(segment_ids, batch, length):
@@ -60,8 +60,9 @@ def _reference(q, k, v, selection_logits, segment_ids, *, scale):
     return out
 
 
-REGISTRY = Registry("selective_attention", default_order=("reference",))
-REGISTRY.register("reference", _reference)
+REGISTRY = Registry("selective_attention", default_order=("reference",), entries=(
+    Entry("reference", _reference),
+))
 
 
 def selective_attention(q, k, v, selection_logits, *, scale=None, segment_ids=None,

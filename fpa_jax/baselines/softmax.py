@@ -30,7 +30,7 @@ from fpa_jax.baselines import flash_xla
 from fpa_jax.dispatch import attention_facts
 from fpa_jax.fpa import checks
 from mixer_kernels.mosaic_gpu.attention import register as pallas_backend
-from mixer_core.registry import Registry
+from mixer_core.registry import Entry, Registry
 
 CUDNN_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 CUDNN_MAX_HEAD_DIM = 128
@@ -87,12 +87,12 @@ def cudnn_supports(*, platform, dtype, head_dim, value_head_dim, has_segment_ids
     return None
 
 
-REGISTRY = Registry("softmax_attention", default_order=("cudnn", "pallas", "xla"))
-REGISTRY.register("reference", _reference)
-REGISTRY.register("xla", _xla)
-REGISTRY.register("cudnn", _cudnn, supports=cudnn_supports)
-REGISTRY.register("pallas", pallas_backend.softmax_pallas,
-                  supports=pallas_backend.pallas_supports)
+REGISTRY = Registry("softmax_attention", default_order=("cudnn", "pallas", "xla"), entries=(
+    Entry("reference", _reference),
+    Entry("xla", _xla),
+    Entry("cudnn", _cudnn, supports=cudnn_supports),
+    Entry("pallas", pallas_backend.softmax_pallas, supports=pallas_backend.pallas_supports),
+))
 
 
 def softmax_attention(q, k, v, *, scale=None, segment_ids=None, alibi_slopes=None,

@@ -22,7 +22,7 @@ from fpa_jax.fpa.reference import fpa_attention_reference
 from fpa_jax.fpa.tiles import BlockedConfig, choose_block_size
 from fpa_jax.fpa.xla import fpa_blocked
 from mixer_kernels.mosaic_gpu.attention import register as pallas_backend
-from mixer_core.registry import Registry
+from mixer_core.registry import Entry, Registry
 
 DEFAULT_BLOCK_SIZE = 64
 
@@ -62,10 +62,11 @@ def _xla(q, k, v, phi, psi, beta, segment_ids, *, scale, tau, query_level, conte
     return fpa_blocked(q, k, v, phi, psi, beta, segment_ids, config)
 
 
-REGISTRY = Registry("fpa_attention", default_order=("pallas", "xla"))
-REGISTRY.register("reference", _reference)
-REGISTRY.register("xla", _xla)
-REGISTRY.register("pallas", pallas_backend.fpa_pallas, supports=pallas_backend.pallas_supports)
+REGISTRY = Registry("fpa_attention", default_order=("pallas", "xla"), entries=(
+    Entry("reference", _reference),
+    Entry("xla", _xla),
+    Entry("pallas", pallas_backend.fpa_pallas, supports=pallas_backend.pallas_supports),
+))
 
 
 def fpa_attention(q, k, v, phi, psi, beta, *, scale=None, tau=1.0, segment_ids=None,

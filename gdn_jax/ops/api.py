@@ -40,7 +40,7 @@ from mixer_core.ranges import check_range
 from gdn_jax.ops.chunk import chunked_forward
 from gdn_jax.ops.naive import recurrent_forward
 from mixer_kernels.mosaic_gpu.gated_delta import register as pallas_backend
-from mixer_core.registry import Registry, platform_facts
+from mixer_core.registry import Entry, Registry, platform_facts
 
 
 def _check_rank_and_float(name, x, rank, layout):
@@ -132,11 +132,11 @@ def _xla(q, k, v, g, beta, *, scale, initial_state, segment_ids, chunk_size):
                            segment_ids=segment_ids, chunk_size=chunk_size)
 
 
-REGISTRY = Registry("gated_delta_rule", default_order=("pallas", "xla"))
-REGISTRY.register("reference", _reference)
-REGISTRY.register("xla", _xla)
-REGISTRY.register("pallas", pallas_backend.gated_delta_rule_pallas,
-                  supports=pallas_backend.supports)
+REGISTRY = Registry("gated_delta_rule", default_order=("pallas", "xla"), entries=(
+    Entry("reference", _reference),
+    Entry("xla", _xla),
+    Entry("pallas", pallas_backend.gated_delta_rule_pallas, supports=pallas_backend.supports),
+))
 
 
 def _facts(q, v, initial_state, segment_ids, chunk_size):

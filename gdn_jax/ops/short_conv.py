@@ -27,7 +27,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from mixer_core.registry import Registry, platform_facts
+from mixer_core.registry import Entry, Registry, platform_facts
 from mixer_kernels.mosaic_gpu.short_conv import register as pallas_backend
 
 L2_NORM_EPS = 1e-6
@@ -108,9 +108,10 @@ def short_conv_pallas(x, kernel, segment_ids, *, dtype, normalize_heads):
     return _with_kernel_backward(x, kernel, segment_ids, dtype, normalize_heads)
 
 
-REGISTRY = Registry("short_conv", default_order=("pallas", "xla"))
-REGISTRY.register("xla", short_conv_xla)
-REGISTRY.register("pallas", short_conv_pallas, supports=pallas_backend.supports)
+REGISTRY = Registry("short_conv", default_order=("pallas", "xla"), entries=(
+    Entry("xla", short_conv_xla),
+    Entry("pallas", short_conv_pallas, supports=pallas_backend.supports),
+))
 
 
 def short_conv(x: jax.Array, kernel: jax.Array, segment_ids: jax.Array | None = None, *,

@@ -17,7 +17,7 @@ from fpa_jax.dispatch import attention_facts
 from fpa_jax.fpa import api
 from fpa_jax.fpa.fields import document_starts
 from fpa_jax.fpa.padding import PAD_SEGMENT_ID, pad_segment_ids
-from mixer_core.registry import Registry, UnsupportedImplementationError
+from mixer_core.registry import Entry, Registry, UnsupportedImplementationError
 from tests.seeds import case_seed
 
 BATCH, LENGTH, HEADS = 2, 5, 3
@@ -142,9 +142,8 @@ def test_default_falls_through_to_the_next_entry_that_supports_the_inputs(op_nam
         calls.append(("xla", kwargs))
         return xla(*arrays, **kwargs)
 
-    twin = Registry(op_name, default_order=module.REGISTRY.default_order)
-    twin.register("pallas", fake_pallas, fake_supports)
-    twin.register("xla", recording_xla)
+    twin = Registry(op_name, default_order=module.REGISTRY.default_order, entries=(
+        Entry("pallas", fake_pallas, fake_supports), Entry("xla", recording_xla)))
     monkeypatch.setattr(module, "REGISTRY", twin)
 
     jax.eval_shape(lambda a: CALLS[op_name](a), _inputs(4, dim=8))

@@ -17,7 +17,7 @@ import pytest
 import gdn_jax
 from gdn_jax.ops import gated_delta_rule, recurrent_gated_delta_rule
 from gdn_jax.ops import api
-from mixer_core.registry import Registry, UnsupportedImplementationError
+from mixer_core.registry import Entry, Registry, UnsupportedImplementationError
 from gdn_jax.ops.chunk import unit_lower_inverse
 from tests.seeds import case_seed
 
@@ -195,9 +195,8 @@ def test_default_falls_through_to_the_next_entry_that_supports_the_inputs(monkey
         calls.append(("xla", sorted(kwargs)))
         return xla(*arrays, **kwargs)
 
-    twin = Registry("gated_delta_rule", default_order=api.REGISTRY.default_order)
-    twin.register("pallas", fake_pallas, fake_supports)
-    twin.register("xla", recording_xla)
+    twin = Registry("gated_delta_rule", default_order=api.REGISTRY.default_order, entries=(
+        Entry("pallas", fake_pallas, fake_supports), Entry("xla", recording_xla)))
     monkeypatch.setattr(api, "REGISTRY", twin)
     config = ["chunk_size", "initial_state", "scale", "segment_ids"]
 
@@ -221,9 +220,9 @@ def test_keeps_chunk_states_asks_the_implementation_that_would_run(monkeypatch):
     from mixer_kernels.mosaic_gpu.gated_delta import vjp
     facts = dict(dtype="bfloat16", head_dim=64, value_head_dim=64, chunk_size=64, seq_len=128)
     assert api.keeps_chunk_states("xla", **facts)
-    twin = Registry("gated_delta_rule", default_order=api.REGISTRY.default_order)
-    twin.register("pallas", api.REGISTRY.select("xla")[1], lambda **_: None)
-    twin.register("xla", api.REGISTRY.select("xla")[1])
+    portable = api.REGISTRY.select("xla")[1]
+    twin = Registry("gated_delta_rule", default_order=api.REGISTRY.default_order, entries=(
+        Entry("pallas", portable, lambda **_: None), Entry("xla", portable)))
     monkeypatch.setattr(api, "REGISTRY", twin)
     for residuals, keeps in (("inputs", False), ("internals", True)):
         monkeypatch.setattr(vjp, "RESIDUALS", residuals)

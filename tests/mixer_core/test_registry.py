@@ -2,16 +2,15 @@
 
 import pytest
 
-from mixer_core.registry import Registry, UnsupportedImplementationError
+from mixer_core.registry import Entry, Registry, UnsupportedImplementationError
 
 
 def _registry():
-    registry = Registry("toy_op", default_order=("fast", "portable"))
-    registry.register("dense", lambda: "dense")
-    registry.register("portable", lambda: "portable")
-    registry.register("fast", lambda: "fast",
-                      supports=lambda **facts: None if facts["dim"] == 64 else "needs dim 64")
-    return registry
+    return Registry("toy_op", default_order=("fast", "portable"), entries=(
+        Entry("dense", lambda: "dense"),
+        Entry("portable", lambda: "portable"),
+        Entry("fast", lambda: "fast",
+              supports=lambda **facts: None if facts["dim"] == 64 else "needs dim 64")))
 
 
 def test_default_takes_the_first_entry_that_supports_the_inputs():
@@ -41,21 +40,32 @@ def test_unknown_name_names_the_argument_and_the_choices():
 
 
 def test_explicit_only_entry_is_skipped_by_the_default_but_runs_when_named():
-    registry = Registry("toy_op", default_order=("kernel", "portable"))
-    registry.register("kernel", lambda: "kernel", explicit_only="not validated on hardware")
-    registry.register("portable", lambda: "portable")
+    registry = Registry("toy_op", default_order=("kernel", "portable"), entries=(
+        Entry("kernel", lambda: "kernel", explicit_only="not validated on hardware"),
+        Entry("portable", lambda: "portable")))
     assert registry.select(None)[0] == "portable"
     assert registry.select("kernel")[0] == "kernel"
 
 
 def test_no_default_that_fits_lists_every_reason():
-    registry = Registry("toy_op", default_order=("fast",))
-    registry.register("fast", lambda: None, supports=lambda **facts: "needs a GPU")
+    registry = Registry("toy_op", default_order=("fast",), entries=(
+        Entry("fast", lambda: None, supports=lambda **facts: "needs a GPU"),))
     with pytest.raises(UnsupportedImplementationError, match="fast: needs a GPU"):
         registry.select(None)
 
 
-def test_a_name_registers_once():
+def test_a_name_is_listed_once():
+    with pytest.raises(ValueError, match="'fast' is listed twice"):
+        Registry("toy_op", default_order=("fast",),
+                 entries=(Entry("fast", lambda: None), Entry("fast", lambda: None)))
+
+
+def test_the_table_is_read_only_and_a_reordered_copy_keeps_the_entries():
     registry = _registry()
-    with pytest.raises(ValueError, match="already registered"):
-        registry.register("fast", lambda: None)
+    with pytest.raises(TypeError):
+        registry._entries["gpu"] = Entry("gpu", lambda: None)
+    with pytest.raises(AttributeError):
+        registry.default_order = ("portable",)
+    portable_first = registry.with_default_order(("portable", "fast"))
+    assert portable_first.select(None, dim=64)[0] == "portable"
+    assert portable_first.names() == registry.names() and registry.select(None, dim=64)[0] == "fast"
