@@ -94,20 +94,11 @@ def backward(q, k, v, rows, cotangents, *, scale, interpret=None):
         drows_s[...] = jnp.zeros(drows_s.shape, jnp.float32)     # the document rows stay 0
         plgpu.barrier_wait(loaded.at[0])
 
-        def along(name, size):
-            """Row `name` as a [C, size] tile varying along axis 0 (over i: names without _j)
-            or 1 (over j)."""
-            axis = 1 if name.endswith("_j") or name == "beta_e" else 0
-            vector = plgpu.load(rows_s.at[row[name]], layout=plgpu.Layout.WGMMA.reduce(1 - axis))
-            return lax.broadcast_in_dim(vector, (c, size), [axis])
+        along, i, j, decay = wy_kernel.chunk_tiles(rows_s, c)
 
         def store_row(name, vector):
             drows_s.at[row[name]][...] = vector
 
-        i = plgpu.broadcasted_iota(jnp.int32, shape, 0, layout=plgpu.Layout.WGMMA)
-        j = plgpu.broadcasted_iota(jnp.int32, shape, 1, layout=plgpu.Layout.WGMMA)
-        pairs = (i >= j) & (along("document_i", c) == along("document_j", c))
-        decay = jnp.exp(jnp.where(pairs, along("gamma_i", c) - along("gamma_j", c), -jnp.inf))
         gram_decay = matmul(k_s, k_s.T, shape) * decay                       # G ⊙ Gamma
         beta = along("beta_i", c)
         inverse = wy_kernel.unit_lower_inverse(jnp.where(i > j, beta * gram_decay, 0.0), i, j,

@@ -68,6 +68,25 @@ def unit_lower_inverse(a, i, j, x_s, m_s):
     return x
 
 
+def chunk_tiles(rows_s, c):
+    """The prologue of a chunk's WY kernels, from the chunk's rows (wy.ROWS) in SMEM rows_s:
+    (along, i, j, decay). along(name, size): row `name` as a [C, size] tile varying along axis
+    0 (over i: names without _j) or 1 (over j); i, j the [C, C] iotas; decay[i, j] =
+    exp(gamma_i - gamma_j) on the pairs i >= j of one document, 0 elsewhere."""
+    row = {name: index for index, name in enumerate(wy.ROWS)}
+
+    def along(name, size):
+        axis = 1 if name.endswith("_j") or name == "beta_e" else 0
+        vector = plgpu.load(rows_s.at[row[name]], layout=plgpu.Layout.WGMMA.reduce(1 - axis))
+        return lax.broadcast_in_dim(vector, (c, size), [axis])
+
+    i = plgpu.broadcasted_iota(jnp.int32, (c, c), 0, layout=plgpu.Layout.WGMMA)
+    j = plgpu.broadcasted_iota(jnp.int32, (c, c), 1, layout=plgpu.Layout.WGMMA)
+    pairs = (i >= j) & (along("document_i", c) == along("document_j", c))
+    decay = jnp.exp(jnp.where(pairs, along("gamma_i", c) - along("gamma_j", c), -jnp.inf))
+    return along, i, j, decay
+
+
 def prepare(q, k, v, rows, *, scale, with_inverse=False, interpret=None):
     """(W, U, Kw, P[, T]) chunk-major; see the module docstring."""
     batch, _, num_heads, key_dim = k.shape
@@ -79,7 +98,6 @@ def prepare(q, k, v, rows, *, scale, with_inverse=False, interpret=None):
     shape = (c, c)
     check_smem("WY kernel", smem_bytes(key_dim, value_dim, op_dtype, with_inverse=True),
                key_dim, value_dim)
-    row = {name: index for index, name in enumerate(wy.ROWS)}
 
     def kernel(q_ref, k_ref, v_ref, rows_ref, w_ref, u_ref, kw_ref, p_ref, *rest):
         t_ref = rest[0] if with_inverse else None
@@ -92,17 +110,7 @@ def prepare(q, k, v, rows, *, scale, with_inverse=False, interpret=None):
         plgpu.copy_gmem_to_smem(rows_ref.at[b, head, chunk], rows_s, loaded)
         plgpu.barrier_wait(loaded)
 
-        def along(name, size):
-            """Row `name` as a [C, size] tile varying along axis 0 (over i: names without _j)
-            or 1 (over j)."""
-            axis = 1 if name.endswith("_j") or name == "beta_e" else 0
-            vector = plgpu.load(rows_s.at[row[name]], layout=plgpu.Layout.WGMMA.reduce(1 - axis))
-            return lax.broadcast_in_dim(vector, (c, size), [axis])
-
-        i = plgpu.broadcasted_iota(jnp.int32, shape, 0, layout=plgpu.Layout.WGMMA)
-        j = plgpu.broadcasted_iota(jnp.int32, shape, 1, layout=plgpu.Layout.WGMMA)
-        pairs = (i >= j) & (along("document_i", c) == along("document_j", c))
-        decay = jnp.exp(jnp.where(pairs, along("gamma_i", c) - along("gamma_j", c), -jnp.inf))
+        along, i, j, decay = chunk_tiles(rows_s, c)
         key_gram = matmul(k_s, k_s.T, shape)
         a = jnp.where(i > j, along("beta_i", c) * key_gram * decay, 0.0)
 
