@@ -23,7 +23,11 @@ LAYERS = (
     ("library core", ("mixer_core",)),
     # the kernels, by backend: the core and their own backend only, nothing from the ops
     ("kernels", ("mixer_kernels",)),
-    ("library ops", ("fpa_jax", "gdn_jax")),
+    ("library ops", ("fpa_jax", "gdn_jax", "fpa_jax.decode.slots")),
+    # the Flax layers, their decoding and what builds on a layer (the GDN diagnostics), and
+    # the packages' __init__ that re-export them (PACKAGE_INITS)
+    ("library layers", ("fpa_jax.layers", "fpa_jax.decode", "gdn_jax.layer",
+                        "gdn_jax.diagnostics")),
     ("train.data", ("train", "train.data")),       # "train": its __init__ imports nothing
     ("train.checkpoint", ("train.checkpoint",)),
     ("train.core", ("train.core",)),
@@ -39,8 +43,14 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+PACKAGE_INITS = {"fpa_jax": "library layers", "gdn_jax": "library layers"}
+
+
 def layer_of(module: str) -> int:
-    """Index into LAYERS of the longest matching prefix."""
+    """Index into LAYERS of the longest matching prefix (a package's __init__ by
+    PACKAGE_INITS)."""
+    if module in PACKAGE_INITS:
+        return [name for name, _ in LAYERS].index(PACKAGE_INITS[module])
     best, best_length = None, -1
     for index, (_, prefixes) in enumerate(LAYERS):
         for prefix in prefixes:
@@ -188,6 +198,8 @@ def test_cycles_are_found():
 
 @pytest.mark.parametrize("module, layer", [
     ("fpa_jax.fpa.api", "library ops"), ("fpa_jax.context_shard", "library ops"),
+    ("fpa_jax.layers.fpa", "library layers"), ("gdn_jax.layer", "library layers"),
+    ("fpa_jax.decode.slots", "library ops"), ("fpa_jax", "library layers"),
     ("mixer_core.shard", "library core"), ("mixer_core.registry", "library core"),
     ("mixer_kernels.mosaic_gpu.common", "kernels"), ("mixer_kernels.mosaic_gpu.attention.vjp", "kernels"),
     ("mixer_kernels.mosaic_gpu.gated_delta.vjp", "kernels"),
