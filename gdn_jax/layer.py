@@ -49,6 +49,7 @@ from gdn_jax.ops import api, context_shard
 from gdn_jax.ops.api import gated_delta_rule, recurrent_gated_delta_rule
 from gdn_jax.ops.short_conv import l2_normalize, recomputed, short_conv
 from mixer_core import shard
+from mixer_core.inputs import check_mixer_inputs
 
 A_INIT_RANGE = (0.0, 16.0)
 A_INIT_FLOOR = 1e-4
@@ -217,21 +218,6 @@ class GatedDeltaNet(nn.Module):
         self.o_proj = OutputProjection(dtype=self.dtype, param_dtype=self.param_dtype)
 
     # -- shared pieces -------------------------------------------------------------------------
-    def _check_inputs(self, x: jax.Array, segment_ids: jax.Array | None,
-                      positions: jax.Array | None = None):
-        if x.ndim != 3:
-            raise ValueError(f"GatedDeltaNet: x must be [B, T, D], got shape {x.shape}")
-        if not jnp.issubdtype(x.dtype, jnp.floating):
-            raise TypeError(f"GatedDeltaNet: x must be floating point, got {x.dtype}")
-        for name, value in (("segment_ids", segment_ids), ("positions", positions)):
-            if value is None:
-                continue
-            if value.shape != x.shape[:2]:
-                raise ValueError(f"GatedDeltaNet: {name} must be [B, T] = {x.shape[:2]}, "
-                                 f"got {value.shape}")
-            if not jnp.issubdtype(value.dtype, jnp.integer):
-                raise TypeError(f"GatedDeltaNet: {name} must be integer, got {value.dtype}")
-
     def _split_heads(self, x: jax.Array, heads: int, dim: int) -> jax.Array:
         return x.reshape(*x.shape[:-1], heads, dim)
 
@@ -262,7 +248,7 @@ class GatedDeltaNet(nn.Module):
 
         positions [B, T] int: accepted for the mixers' common signature, checked, then ignored.
         """
-        self._check_inputs(x, segment_ids, positions)
+        check_mixer_inputs("GatedDeltaNet", x, segment_ids, positions)
         x = x.astype(self.dtype)
         conv = self._conv_implementation()
         q = self.q_conv(self.q_proj(x), segment_ids, normalize_heads=self.num_heads,
@@ -285,7 +271,7 @@ class GatedDeltaNet(nn.Module):
         The per-step transition of value head h is A_t = exp(log_alpha_t) (I - beta_t k_t k_t^T),
         with k_t the L2-normalised key of q/k head h // (HV / H).
         """
-        self._check_inputs(x, segment_ids)
+        check_mixer_inputs("GatedDeltaNet", x, segment_ids, None)
         x = x.astype(self.dtype)
         keys = self.k_conv(self.k_proj(x), segment_ids, normalize_heads=self.num_heads)
         log_alpha, beta = self._gates(x)
@@ -304,7 +290,7 @@ class GatedDeltaNet(nn.Module):
     def prefill(self, x: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
         """x [B, T, D], one document per row -> (y [B, T, D] of the parallel form, the cache of
         `init_cache` after token T - 1)."""
-        self._check_inputs(x, None)
+        check_mixer_inputs("GatedDeltaNet", x, None, None)
         x = x.astype(self.dtype)
         projected = {"q_conv": self.q_proj(x), "k_conv": self.k_proj(x), "v_conv": self.v_proj(x)}
         q = l2_normalize(self._split_heads(self.q_conv(projected["q_conv"]), self.num_heads,

@@ -22,6 +22,7 @@ from flax import linen as nn
 from fpa_jax.baselines.rope import apply_rope
 from fpa_jax.fpa.fields import document_starts
 from fpa_jax.registries import REGISTRIES
+from mixer_core.inputs import check_mixer_inputs
 
 PROJECTION_AXES = ("embed", "heads", "head_dim")
 OUTPUT_AXES = ("heads", "head_dim", "embed")
@@ -145,22 +146,6 @@ def check_forget_init_range(layer: str, value) -> None:
         )
 
 
-def check_inputs(layer: str, x, segment_ids, positions) -> None:
-    if x.ndim != 3:
-        raise ValueError(f"{layer}: x must have shape [batch, length, model_dim], got shape {x.shape}")
-    if not jnp.issubdtype(x.dtype, jnp.floating):
-        raise TypeError(f"{layer}: x must be floating point, got dtype {x.dtype}")
-    for name, value in (("segment_ids", segment_ids), ("positions", positions)):
-        if value is None:
-            continue
-        if value.shape != x.shape[:2]:
-            raise ValueError(
-                f"{layer}: {name} must have shape {x.shape[:2]} (x's [batch, length]), got {value.shape}"
-            )
-        if not jnp.issubdtype(value.dtype, jnp.integer):
-            raise TypeError(f"{layer}: {name} must be an integer array, got dtype {value.dtype}")
-
-
 # ----------------------------------------------------------------------------------------------
 # Positions and RoPE
 # ----------------------------------------------------------------------------------------------
@@ -188,7 +173,7 @@ def checked_rope_projections(module, x, segment_ids, positions, position_choices
     check_common(module)
     check_choice(layer, "position", module.position, position_choices)
     check_rope(layer, module)
-    check_inputs(layer, x, segment_ids, positions)
+    check_mixer_inputs(layer, x, segment_ids, positions)
     q, k, v = head_projections(module, x, ("query", "key", "value"))
     if module.position == "rope":
         q, k = rotate(module, q, k, x, segment_ids, positions)

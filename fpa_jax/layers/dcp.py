@@ -17,6 +17,7 @@ from flax import linen as nn
 
 from fpa_jax.baselines.dcp import dcp_attention
 from fpa_jax.layers import common
+from mixer_core.inputs import check_mixer_inputs
 
 Dtype = Any
 
@@ -62,7 +63,7 @@ class DCPAttention(nn.Module):
         common.check_positive_int(layer, "mask_rank", rank)
         if not (isinstance(self.keep_init, float) and 0.0 < self.keep_init < 1.0):
             raise ValueError(f"{layer}: keep_init must be a float in (0, 1), got {self.keep_init!r}")
-        common.check_inputs(layer, x, segment_ids, positions)
+        check_mixer_inputs(layer, x, segment_ids, positions)
 
         q, k, v = common.head_projections(self, x, ("query", "key", "value"))
         mask_axes = ("embed", "mask_rank")

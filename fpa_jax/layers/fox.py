@@ -17,6 +17,7 @@ from fpa_jax import context_shard
 from fpa_jax.baselines.fox import fox_attention
 from fpa_jax.layers import common
 from mixer_core import shard
+from mixer_core.inputs import check_mixer_inputs
 
 Dtype = Any
 
@@ -54,7 +55,7 @@ class FoXAttention(nn.Module):
         common.check_common(self)
         common.check_forget_init_range(layer, self.forget_init_range)
         common.check_block_size(self)
-        common.check_inputs(layer, x, segment_ids, positions)
+        check_mixer_inputs(layer, x, segment_ids, positions)
 
         q, k, v = common.head_projections(self, x, ("query", "key", "value"))
         forget = common.per_head_forget_values(self.num_heads, self.forget_init_range)

@@ -28,6 +28,7 @@ from fpa_jax.fpa.api import fpa_attention
 from fpa_jax.fpa.fields import fields
 from fpa_jax.layers import common
 from mixer_core import shard
+from mixer_core.inputs import check_mixer_inputs
 
 Dtype = Any
 
@@ -128,7 +129,7 @@ class FPAAttention(nn.Module):
     def __call__(self, x, *, segment_ids=None, positions=None):
         """x [B,T,D] -> [B,T,D]. `positions` is accepted for a uniform interface and unused (no RoPE)."""
         self._check_config()
-        common.check_inputs(type(self).__name__, x, segment_ids, positions)
+        check_mixer_inputs(type(self).__name__, x, segment_ids, positions)
         scale = common.attention_scale(self.head_dim)
 
         if not self.use_bias:

@@ -19,6 +19,7 @@ from fpa_jax.baselines.rope_scaling import YarnScaling, rotate_yarn
 from fpa_jax.baselines.softmax import softmax_attention
 from fpa_jax.layers import common
 from mixer_core import shard
+from mixer_core.inputs import check_mixer_inputs
 
 Dtype = Any
 
@@ -73,7 +74,7 @@ def _yarn_projections(module, x, segment_ids, positions):
                          f"got {module.rope_scaling!r} with position={module.position!r}")
     common.check_common(module)
     common.check_rope(layer, module)
-    common.check_inputs(layer, x, segment_ids, positions)
+    check_mixer_inputs(layer, x, segment_ids, positions)
     q, k, v = common.head_projections(module, x, ("query", "key", "value"))
     if positions is None:
         positions = common.positions_within_segments(segment_ids, *x.shape[:2])

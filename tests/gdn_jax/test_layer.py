@@ -223,7 +223,7 @@ def test_bfloat16_compute_dtype():
 def test_errors():
     x = _inputs(0)
     variables = _random_variables(MODULE, x, seed=0)
-    with pytest.raises(ValueError, match="x must be"):
+    with pytest.raises(ValueError, match="x must have shape"):
         MODULE.apply(variables, x[0])
     with pytest.raises(ValueError, match="segment_ids"):
         MODULE.apply(variables, x, segment_ids=jnp.zeros((2, 3), jnp.int32))
