@@ -22,7 +22,8 @@ from typing import NamedTuple
 import jax.numpy as jnp
 from jax import lax
 
-BIG = 1e30  # stands for +inf in minima without creating inf - inf
+from mixer_core.soft_min import BIG
+
 
 
 class FieldBlocks(NamedTuple):

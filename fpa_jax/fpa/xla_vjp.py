@@ -36,11 +36,7 @@ from fpa_jax.fpa import blocks
 from fpa_jax.fpa.padding import pad_time
 from fpa_jax.fpa.tiles import (cut_blocks, diagonal_tile, off_diagonal_tile, shift_blocks,
                                stat_dtype, to_heads)
-
-
-def _decay(excess, tau):
-    """exp(-excess / tau) for excess >= 0 (clamped, so masked garbage cannot overflow)."""
-    return jnp.exp(-jnp.maximum(excess, 0.0) / tau)
+from mixer_core.soft_min import BIG, decay
 
 
 def diagonal_field_grad(coef, fb, fm, tau):
@@ -63,7 +59,7 @@ def suffix_field_grad(column_share, fb, tau):
     """Spread per-key shares over u > s inside the key block: [nb, n] -> [nb, n]."""
     n = fb.phi.shape[1]
     later = jnp.arange(n)[None, :] > jnp.arange(n)[:, None]  # [s, u]
-    weight = jnp.where(later, _decay(fb.phi[:, None, :] - fb.suffix_min[:, :, None], tau), 0.0)
+    weight = jnp.where(later, decay(fb.phi[:, None, :] - fb.suffix_min[:, :, None], tau), 0.0)
     return jnp.einsum("ns,nsu->nu", column_share, weight)
 
 
@@ -71,7 +67,7 @@ def prefix_field_grad(row_share, fb, tau):
     """Spread per-query shares over u <= t inside the query block: [nb, n] -> [nb, n]."""
     n = fb.phi.shape[1]
     upto = jnp.arange(n)[None, :] <= jnp.arange(n)[:, None]  # [t, u]
-    weight = jnp.where(upto, _decay(fb.phi[:, None, :] - fb.prefix_min[:, :, None], tau), 0.0)
+    weight = jnp.where(upto, decay(fb.phi[:, None, :] - fb.prefix_min[:, :, None], tau), 0.0)
     return jnp.einsum("nt,ntu->nu", row_share, weight)
 
 
@@ -87,11 +83,11 @@ def gap_field_grad(gap_totals, gap_mins, fb, tau):
 
     def at(b):
         inside = (query - offsets < b) & (b < query)
-        weight = _decay(fb.block_min[b] - gap_mins, tau)
+        weight = decay(fb.block_min[b] - gap_mins, tau)
         return jnp.where(inside, gap_totals * weight, 0.0).sum()
 
     totals = jax.lax.map(at, jnp.arange(nb))
-    return totals[:, None] * _decay(fb.phi - fb.block_min[:, None], tau)
+    return totals[:, None] * decay(fb.phi - fb.block_min[:, None], tau)
 
 
 def backward_head(q, k, v, phi, psi, beta, segment, out, lse, dout, config):
@@ -155,9 +151,9 @@ def backward_head(q, k, v, phi, psi, beta, segment, out, lse, dout, config):
         else:
             dpsi = dpsi + shift_blocks(level_grad(coef), -d)
 
-        to_suffix = _decay(suffix_min[:, None, :] - range_min, tau)
-        to_gap = _decay(gap_min[:, None, None] - range_min, tau)
-        to_prefix = _decay(fb.prefix_min[:, :, None] - range_min, tau)
+        to_suffix = decay(suffix_min[:, None, :] - range_min, tau)
+        to_gap = decay(gap_min[:, None, None] - range_min, tau)
+        to_prefix = decay(fb.prefix_min[:, :, None] - range_min, tau)
         suffix_mass = shift_blocks(fm.suffix_mass, d)
         mass = (suffix_mass[:, None, :] * to_suffix + gap_mass[:, None, None] * to_gap
                 + fm.prefix_mass[:, :, None] * to_prefix)
@@ -168,15 +164,15 @@ def backward_head(q, k, v, phi, psi, beta, segment, out, lse, dout, config):
 
         folded_min = shift_blocks(fb.block_min, d)
         new_gap_min = jnp.minimum(gap_min, folded_min)
-        gap_mass = (gap_mass * _decay(gap_min - new_gap_min, tau)
-                    + shift_blocks(fm.block_mass, d) * _decay(folded_min - new_gap_min, tau))
+        gap_mass = (gap_mass * decay(gap_min - new_gap_min, tau)
+                    + shift_blocks(fm.block_mass, d) * decay(folded_min - new_gap_min, tau))
         carry = (dq, dk, dv, dpsi, dbeta, row_dlogits, row_gap, row_share, column_share,
                  new_gap_min, gap_mass)
         return carry, (gap_total, gap_min)
 
     zeros_blocks = jnp.zeros((nb, n), acc)
     init = (dq, dk, dv, dpsi, dbeta, row_dlogits, row_gap, zeros_blocks, zeros_blocks,
-            jnp.full((nb,), blocks.BIG, acc), jnp.zeros((nb,), acc))
+            jnp.full((nb,), BIG, acc), jnp.zeros((nb,), acc))
     carry, (gap_totals, gap_mins) = jax.lax.scan(step, init, jnp.arange(1, nb))
     dq, dk, dv, dpsi, dbeta, row_dlogits, row_gap, row_share, column_share, _, _ = carry
     dbeta = dbeta - (row_dlogits * row_gap).sum()

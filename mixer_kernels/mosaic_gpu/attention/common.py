@@ -2,9 +2,8 @@
 
     BLOCK                the kernels' tile size n (queries and keys per block; one
                          warpgroup's wgmma tile)
-    BIG                  stands for +inf in minima (no inf - inf)
+    BIG, decay           mixer_core/soft_min.py's, shared with FPA's XLA paths
     SUPPORTED_HEAD_DIMS  head dims the kernels are built for
-    decay(excess, tau)   exp(-excess / tau) for excess >= 0 (clamped), with a multiply
     reciprocal(x)        1 / x for x > 0 as rsqrt(x)^2 (one MUFU op instead of a division)
     COMPILER_PARAMS      the kernels' Mosaic GPU options: approximate exp / exp2 / log /
                          rsqrt (the hardware's ex2 / lg2 / rsqrt, relative error near 2^-22,
@@ -25,17 +24,13 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from mixer_core.soft_min import BIG, decay  # noqa: F401  (the kernels' names for them)
+
 BLOCK = 64
-BIG = 1e30
 LOG2E = math.log2(math.e)  # the tiles' base 2: exp2 needs no multiply
 SUPPORTED_HEAD_DIMS = (64, 128)
 COMPILER_PARAMS = plgpu.CompilerParams(approx_math=True,
                                       lowering_semantics=plgpu.LoweringSemantics.Lane)
-
-
-def decay(excess, tau):
-    """exp(-excess / tau) for excess >= 0 (negative excess is clamped to 0)."""
-    return jnp.exp(jnp.maximum(excess, 0.0) * (-1.0 / tau))
 
 
 def reciprocal(x):
