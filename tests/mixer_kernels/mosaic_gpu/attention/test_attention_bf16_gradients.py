@@ -60,7 +60,7 @@ def _check(names, errors):
 
 
 def _fpa_errors(seed):
-    """Walk step and offsets of random scale (as tests/fpa_jax/test_bf16_gradients.py)."""
+    """Walk step and offsets of random scale (as tests/fpa_jax/test_xla_bf16_gradients.py)."""
     keys = jax.random.split(jax.random.PRNGKey(seed), 9)
     step_scale, offset_scale = jnp.exp(jax.random.uniform(keys[8], (2,), minval=-3, maxval=0.5))
     per_token = lambda key, scale: scale * jax.random.normal(key, SHAPE[:3])
