@@ -146,7 +146,8 @@ class KernelConfig:
 
     def col_out_names(self):
         """Rows of dkv's per-key-block output ("share": the block-level key-side shares; the
-        diagonal tiles' per-level shares come from backward_diagonal_kernel.py)."""
+        diagonal tiles' per-level shares come from backward_diagonal_kernel.py, or with
+        diagonal_in_dkv from fields.diagonal_shares)."""
         if self.mode == "separable":
             return ["dcol"]
         if self.mode == "fpa":
@@ -687,7 +688,8 @@ def _field_sums(cfg, tile, p, ds, extra, field, col_acc, row_acc):
     side). Paths 1 / 2 of `_share_path` off the diagonal (separable, row-referenced; path 0
     tiles run as plain softmax tiles and never get here), the exact shares with query levels;
     a diagonal tile adds d level, d beta and pgap only (its shares:
-    backward_diagonal_kernel.py). field = (diagonal, path, r, (gap_min, gap_mass), add_gap);
+    backward_diagonal_kernel.py, or fields.diagonal_shares from the coefficients dkv_kernel
+    writes with diagonal_in_dkv). field = (diagonal, path, r, (gap_min, gap_mass), add_gap);
     add_gap(total) takes the tile's gap share (key side)."""
     diagonal, path, r, (gap_min, gap_mass), add_gap = field
     beta = tile.beta
@@ -777,7 +779,8 @@ def _tile_sums(cfg, tile, p, ds, extra, field, col_acc, row_acc):
 
 
 def dkv_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
-    """One program per (head, key block, batch): dk, dv [B, Tp, H, D], column pack, gap totals."""
+    """One program per (head, key block, batch): dk, dv [B, Tp, H, D], column pack, gap totals
+    and, with cfg.diagonal_in_dkv, the diagonal tile's beta [dead] dS [B, H, nb, n(s), n(t)]."""
     batch, tp, heads, head_dim = q.shape
     n = cfg.block
     nb = tp // n

@@ -111,6 +111,8 @@ class Statistics(NamedTuple):
         """The diagonal levels' minima then masses of side "pre" (queries) or "suf" (keys),
         [B, H, nb, 2 top, n], as the backward sweeps read them."""
         top = self.block.bit_length() - 1
+        if not self.masses:
+            raise ValueError("diagonal_pack: the statistics were formed without masses")
         if self.pack is not None:
             first = fields_kernels.stat_row(f"{side}_min", 0, self.block, self.masses)
             return self.pack[:, :, :, first:first + 2 * top]
@@ -298,7 +300,8 @@ def diagonal_shares(coef, rowd, cold, tau):
     one of the two weights is 1 and the other y = exp(-|suf - pre|/tau), and
     share = coef w / max(suf_mass w_suf + pre_mass w_pre, 1), summed by level over t (key
     side) or over s (query side). Every pair takes its level's rows by a constant gather, so
-    the op count does not grow with the levels."""
+    the per-pair work is one pass whatever the level; only the final masked sums are per
+    level."""
     n = coef.shape[-1]
     top = rowd.shape[-2] // 2
     levels = pair_levels(n)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from mixer_kernels.mosaic_gpu.attention import backward
-from mixer_kernels.mosaic_gpu.attention.backward import attention_backward
+from mixer_kernels.mosaic_gpu.attention.backward import FPABias, attention_backward
 from tests.mixer_kernels.mosaic_gpu.attention.schedule_cases import (backward_case,
                                                                       interpreted_gradients)
 from tests.seeds import case_seed
@@ -27,6 +27,31 @@ def test_diagonal_shares_from_the_sweep_match_the_kernel(case, kind, monkeypatch
     for a, b in zip(grads["kernel"], grads["dkv"]):
         a, b = np.asarray(a), np.asarray(b)
         assert np.all(np.isfinite(b))
+        np.testing.assert_allclose(b, a, rtol=0, atol=2e-5 * max(float(np.abs(a).max()), 1e-6))
+
+
+def test_the_sweep_writing_the_diagonal_keeps_heads_rows_beta_and_tau_apart(monkeypatch):
+    """Two rows and two heads with their own beta (0.6, 1.7) at tau = 0.5: a coefficient
+    written to the wrong (b, h), or beta / tau applied twice or not at all, moves the
+    gradients off the kernel's."""
+    rng = np.random.default_rng(case_seed(47))
+    shape = (2, 130, 2, 64)
+    q, k, v, out, dout = (jnp.asarray(rng.standard_normal(shape), jnp.float32) for _ in range(5))
+    lse = jnp.asarray(rng.standard_normal((2, 2, 130)) + 4.0, jnp.float32)
+    walk = np.cumsum(rng.normal(-0.3, 1.0, (2, 130, 2)), axis=1)
+    walk[1] *= 3.0                                    # the second row's field moves faster
+    phi = jnp.asarray(walk, jnp.float32)
+    psi = phi + jnp.asarray(rng.normal(0, 1, phi.shape), jnp.float32)
+    bias = FPABias(phi, psi, jnp.asarray([0.6, 1.7], jnp.float32), tau=0.5)
+    segment_ids = jnp.asarray(np.stack([np.arange(130) >= 90, np.arange(130) >= 40])
+                              .astype(np.int32))
+    args = (q, k, v, out, lse, dout)
+    grads = {}
+    for form in ("kernel", "dkv"):
+        monkeypatch.setattr(backward, "DIAGONAL_SHARES", form)
+        grads[form] = interpreted_gradients(args, bias, segment_ids, prune=True)
+    for a, b in zip(grads["kernel"], grads["dkv"]):
+        a, b = np.asarray(a), np.asarray(b)
         np.testing.assert_allclose(b, a, rtol=0, atol=2e-5 * max(float(np.abs(a).max()), 1e-6))
 
 
