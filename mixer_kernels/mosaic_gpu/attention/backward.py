@@ -30,7 +30,7 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-from mixer_kernels.mosaic_gpu.attention import fields
+from mixer_kernels.mosaic_gpu.attention import fields, fields_kernels
 from mixer_kernels.mosaic_gpu.attention.bias import FPABias, NoBias, SeparableBias
 from mixer_kernels.mosaic_gpu.attention.common import (BIG, BLOCK, LOG2E, SUPPORTED_HEAD_DIMS,
                                                         dead_key_bounds, decay)
@@ -188,7 +188,7 @@ def prepare(cfg, q, k, v, out, lse, dout, bias, segment_ids):
         stats = fields.statistics(phi, n, cfg.tau)
         top = cfg.diag_levels  # the block level
         vectors.update({kind: stats.get(kind, top)
-                        for kind in ("pre_min", "pre_mass", "suf_min", "suf_mass")})
+                        for kind in fields_kernels.KINDS})
         vectors["bmin"] = jnp.repeat(fields.at_block_ends(vectors["pre_min"], n), n, axis=-1)
         vectors["bmass"] = jnp.repeat(fields.at_block_ends(vectors["pre_mass"], n), n, axis=-1)
         if cfg.separable:  # per-block bounds of the share paths (backward_kernels._share_path)

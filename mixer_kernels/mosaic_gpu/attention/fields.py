@@ -90,7 +90,7 @@ def _all_levels():
 
 
 def _kind_index(kind):
-    return ("pre_min", "pre_mass", "suf_min", "suf_mass").index(kind)
+    return fields_kernels.KINDS.index(kind)
 
 
 class Statistics(NamedTuple):

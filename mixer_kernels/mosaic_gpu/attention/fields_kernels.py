@@ -34,11 +34,11 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from mixer_kernels.mosaic_gpu.attention.common import BIG, COMPILER_PARAMS, decay
 
-_KINDS = ("pre_min", "pre_mass", "suf_min", "suf_mass")
+KINDS = ("pre_min", "pre_mass", "suf_min", "suf_mass")   # level_stats' order (fields.py)
 
 
 def stat_kinds(masses):
-    return _KINDS if masses else ("pre_min", "suf_min")
+    return KINDS if masses else ("pre_min", "suf_min")
 
 
 def stat_rows(block, masses):
