@@ -97,39 +97,35 @@ class Statistics(NamedTuple):
     """The level statistics of phi [B, H, Tp] (`statistics`): the kernels' stats pack
     [B, H, nb, rows, n] (fields_kernels.py) or the XLA forms' four [B, H, Lv, Tp] arrays."""
     block: int
-    masses: bool
     pack: Optional[jax.Array] = None
     levels: Optional[tuple] = None
 
     def get(self, kind, level):
         """Statistic kind ("pre_min", "pre_mass", "suf_min", "suf_mass") at level: [B, H, Tp]."""
         if self.pack is not None:
-            return fields_kernels.stats_from_pack(self.pack, kind, level, self.block, self.masses)
+            return fields_kernels.stats_from_pack(self.pack, kind, level, self.block)
         return self.levels[_kind_index(kind)][:, :, level]
 
     def diagonal_pack(self, side):
         """The diagonal levels' minima then masses of side "pre" (queries) or "suf" (keys),
         [B, H, nb, 2 top, n], as the backward sweeps read them."""
         top = self.block.bit_length() - 1
-        if not self.masses:
+        if self.pack is None:
+            both = [self.levels[_kind_index(f"{side}_{what}")][:, :, :top]
+                    for what in ("min", "mass")]
+            return _levels_by_block(jnp.concatenate(both, axis=2), self.block)[..., 0]
+        if not fields_kernels.has_masses(self.pack, self.block):
             raise ValueError("diagonal_pack: the statistics were formed without masses")
-        if self.pack is not None:
-            first = fields_kernels.stat_row(f"{side}_min", 0, self.block, self.masses)
-            return self.pack[:, :, :, first:first + 2 * top]
-        rows = [self.levels[_kind_index(f"{side}_{what}")][:, :, level]
-                for what in ("min", "mass") for level in range(top)]
-        stacked = jnp.stack(rows, axis=2)                              # [B, H, R, Tp]
-        b, h, r, tp = stacked.shape
-        return jnp.moveaxis(stacked.reshape(b, h, r, tp // self.block, self.block), 3, 2)
+        first = fields_kernels.stat_row(f"{side}_min", 0, self.block, True)
+        return self.pack[:, :, :, first:first + 2 * top]
 
 
 def statistics(phi, block, tau, masses=True):
     """Statistics of phi [B, H, Tp] by FIELD_PASSES (without masses, only the minima are
     asked for: the kernel skips the masses, XLA drops them)."""
     if _passes() == "kernels":
-        return Statistics(block, masses, pack=fields_kernels.level_stats_pack(phi, block, tau,
-                                                                             masses))
-    return Statistics(block, masses, levels=level_stats(phi, block, tau))
+        return Statistics(block, pack=fields_kernels.level_stats_pack(phi, block, tau, masses))
+    return Statistics(block, levels=level_stats(phi, block, tau))
 
 
 def _level_stats_by_level(phi, block, tau):
@@ -325,7 +321,7 @@ def field_gradient(shares, gap_total, phi, block, tau, stats):
     `statistics` of phi (FIELD_PASSES)."""
     levels = num_levels(block)
     if stats.pack is not None:
-        dphi = fields_kernels.spread_pack(shares, stats.pack, phi, block, tau, stats.masses)
+        dphi = fields_kernels.spread_pack(shares, stats.pack, phi, block, tau)
     else:
         pre_min, _, suf_min, _ = stats.levels
         dphi = (spread_levels(_levels_first(shares[:, :, :, :levels]), suf_min, phi, block, tau,

@@ -46,6 +46,11 @@ def stat_rows(block, masses):
     return len(stat_kinds(masses)) * block.bit_length()
 
 
+def has_masses(pack, block):
+    """Whether a stats pack [B, H, nb, rows, n] holds the masses (its row count says)."""
+    return pack.shape[3] == stat_rows(block, True)
+
+
 def stat_row(kind, level, block, masses):
     """Row of statistic `kind` at `level` in the stats pack: the diagonal levels' rows kind by
     kind (so the row side's minima and masses, and the column side's, are contiguous), then
@@ -148,20 +153,21 @@ def level_stats_pack(phi, block, tau, masses=True):
                  (batch, heads, nb), phi.reshape(batch, heads, nb, 1, n))
 
 
-def stats_from_pack(pack, kind, level, block, masses=True):
+def stats_from_pack(pack, kind, level, block):
     """One statistic of one level from the stats pack: [B, H, Tp]."""
     batch, heads, nb = pack.shape[:3]
-    return pack[:, :, :, stat_row(kind, level, block, masses)].reshape(batch, heads, nb * block)
+    row = stat_row(kind, level, block, has_masses(pack, block))
+    return pack[:, :, :, row].reshape(batch, heads, nb * block)
 
 
-def spread_pack(shares, stats, phi, block, tau, masses=True):
+def spread_pack(shares, stats, phi, block, tau):
     """dphi [B, H, Tp] of the level spreads: shares [B, H, nb, 2 Lv, n] (module docstring),
-    stats the level_stats_pack of phi (with or without masses, as `masses` says), phi
-    [B, H, Tp]."""
+    stats the level_stats_pack of phi (with or without masses), phi [B, H, Tp]."""
     batch, heads, tp = phi.shape
     n = block
     nb = tp // n
     levels = n.bit_length()
+    masses = has_masses(stats, n)
     rows = stat_rows(n, masses)
 
     def body(shares_ref, stats_ref, phi_ref, out_ref, shares_s, stats_s, phi_s, out_s, bars):

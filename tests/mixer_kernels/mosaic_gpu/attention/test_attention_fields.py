@@ -104,7 +104,7 @@ def test_spreads_match_their_definition(side, passes, monkeypatch):
 @functools.partial(jax.jit, static_argnums=(1, 2))
 def _kernel_stats(phi, tau, masses):
     stats = fields_kernels.level_stats_pack(phi, BLOCK, tau, masses)
-    return [[fields_kernels.stats_from_pack(stats, kind, level, BLOCK, masses)
+    return [[fields_kernels.stats_from_pack(stats, kind, level, BLOCK)
              for level in range(fields.num_levels(BLOCK))]
             for kind in fields_kernels.stat_kinds(masses)]
 
@@ -120,7 +120,7 @@ def test_stats_kernel_matches_the_definition(drift, tau, masses):
         got = _kernel_stats(jnp.asarray(phi, jnp.float32), tau, masses)
     want = _direct_stats(np.asarray(jnp.asarray(phi, jnp.float32), np.float64), BLOCK, tau)
     for kind, per_level in zip(fields_kernels.stat_kinds(masses), got):
-        w = want[("pre_min", "pre_mass", "suf_min", "suf_mass").index(kind)]
+        w = want[fields_kernels.KINDS.index(kind)]
         g = np.stack([np.asarray(x, np.float64) for x in per_level], axis=-2)
         if kind.endswith("min"):
             np.testing.assert_array_equal(g, w.astype(np.float32), err_msg=kind)
@@ -145,8 +145,7 @@ def test_spread_kernel_matches_the_xla_passes(masses):
             + fields.spread_levels(row_share, pre_min, phi, BLOCK, tau, "prefix"))
     with gpu_interpret():
         got = jax.jit(lambda s, p: fields_kernels.spread_pack(
-            s, fields_kernels.level_stats_pack(p, BLOCK, tau, masses), p, BLOCK, tau,
-            masses))(shares, phi)
+            s, fields_kernels.level_stats_pack(p, BLOCK, tau, masses), p, BLOCK, tau))(shares, phi)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5,
                                atol=1e-5 * float(jnp.abs(want).max()))
 
