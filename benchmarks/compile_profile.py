@@ -2,7 +2,7 @@
 
     python benchmarks/compile_profile.py fpa_125m softmax_rope_125m [--context 2048]
         [--batch-size 8] [--layers N] [--cprofile fpa_125m] [--out DIR]
-        [--field-passes kernels|by_level|all_levels] [--scan-layers]
+        [--field-passes kernels|by_level|all_levels] [--diagonal-shares kernel|dkv] [--scan-layers]
 
 For each preset (random tokens, as `python -m train bench`): seconds spent tracing the jitted
 train step to a jaxpr, lowering it to StableHLO (Pallas / Mosaic GPU kernels are lowered to
@@ -26,7 +26,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks import field_passes_option  # noqa: E402
+from benchmarks import fpa_backward_options  # noqa: E402
 
 import jax  # noqa: E402
 
@@ -93,9 +93,9 @@ def main():
     parser.add_argument("--cprofile", default="", help="preset to run under cProfile")
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     parser.add_argument("--scan-layers", action="store_true", help="set model.scan_layers")
-    field_passes_option.add(parser)
+    fpa_backward_options.add(parser)
     args = parser.parse_args()
-    field_passes_option.apply(args)
+    fpa_backward_options.apply(args)
     results = []
     for name in args.presets:
         out = (os.path.join(args.out, f"compile_cprofile_{name}.txt")

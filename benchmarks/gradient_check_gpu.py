@@ -23,7 +23,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from benchmarks import field_passes_option  # noqa: E402
+from benchmarks import fpa_backward_options  # noqa: E402
 from benchmarks.op_trace import attention_inputs  # noqa: E402
 
 BAR = 2e-2
@@ -41,14 +41,9 @@ def main():
     parser.add_argument("--ops", default="fpa,fox,softmax")
     parser.add_argument("--dims", default="64,128")
     parser.add_argument("--seed", type=int, default=None)
-    parser.add_argument("--diagonal-shares", choices=("kernel", "dkv"), default=None,
-                        help="fpa: mixer_kernels/mosaic_gpu/attention/backward.py DIAGONAL_SHARES")
-    field_passes_option.add(parser)
+    fpa_backward_options.add(parser)
     args = parser.parse_args()
-    field_passes_option.apply(args)
-    if args.diagonal_shares is not None:
-        from mixer_kernels.mosaic_gpu.attention import backward
-        backward.DIAGONAL_SHARES = args.diagonal_shares
+    fpa_backward_options.apply(args)
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
     print(f"seed {seed}", flush=True)
     worst = 0.0

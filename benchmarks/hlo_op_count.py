@@ -1,7 +1,7 @@
 """How many StableHLO ops the attention ops' XLA glue adds, by source line (no GPU needed).
 
     python benchmarks/hlo_op_count.py [--op fpa|fox|softmax] [--shape 8,2048,12,64] [--top 25]
-        [--field-passes kernels|by_level|all_levels]
+        [--field-passes kernels|by_level|all_levels] [--diagonal-shares kernel|dkv]
 
 Lowers the op's forward and backward programs (mixer_kernels/mosaic_gpu/attention/vjp.py, the ones a
 model's layers share) for CUDA on this machine, and counts the StableHLO ops of each by the
@@ -18,7 +18,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks import field_passes_option  # noqa: E402
+from benchmarks import fpa_backward_options  # noqa: E402
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -82,9 +82,9 @@ def main():
     parser.add_argument("--op", default="fpa", choices=("fpa", "fox", "softmax"))
     parser.add_argument("--shape", default="8,2048,12,64", help="B,T,H,D")
     parser.add_argument("--top", type=int, default=25)
-    field_passes_option.add(parser)
+    fpa_backward_options.add(parser)
     args = parser.parse_args()
-    field_passes_option.apply(args)
+    fpa_backward_options.apply(args)
     shape = tuple(int(n) for n in args.shape.split(","))
     for name, (fn, abstract) in programs(args.op, shape).items():
         counts, total = ops_by_line(fn, abstract)

@@ -30,7 +30,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks import field_passes_option  # noqa: E402
+from benchmarks import fpa_backward_options  # noqa: E402
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -160,15 +160,9 @@ def main():
     parser.add_argument("--xla-operands", choices=("float32", "16-bit"), default=None,
                         help="gdn: the operands of the op's XLA matrix products "
                              "(vjp.XLA_OPERANDS)")
-    parser.add_argument("--diagonal-shares", choices=("kernel", "dkv"), default=None,
-                        help="fpa: where the diagonal tiles' per-level shares are formed "
-                             "(mixer_kernels/mosaic_gpu/attention/backward.py DIAGONAL_SHARES)")
-    field_passes_option.add(parser)
+    fpa_backward_options.add(parser)
     args = parser.parse_args()
-    field_passes_option.apply(args)
-    if args.diagonal_shares is not None:
-        from mixer_kernels.mosaic_gpu.attention import backward
-        backward.DIAGONAL_SHARES = args.diagonal_shares
+    fpa_backward_options.apply(args)
     if args.overlap is not None:
         from mixer_kernels.mosaic_gpu.attention import backward
         schedule = (args.overlap in ("dq", "both"), args.overlap in ("dkv", "both"))
