@@ -84,8 +84,8 @@ def _passes():
 
 
 def _all_levels():
-    """Whether the XLA passes form every level at once ("kernels" falls back to by_level where
-    an XLA form is asked for: the reference, shapes the kernels do not take)."""
+    """Whether the XLA passes form every level at once (under "kernels", level_stats and
+    spread_levels, which the kernels' tests use as their reference, run level by level)."""
     return _passes() == "all_levels"
 
 
