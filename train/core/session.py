@@ -223,8 +223,10 @@ def host_init(unsharded_init: Callable[[int], State], seed: int, shardings: Stat
     own shards). The program is tens of thousands of elementwise instructions (each
     initializer's threefry and sampler): the GPU compiler took 51 s over it for fpa_125m on an
     H200 machine, the CPU compiler 6 s (benchmarks/init_compile_time.py); the values agree
-    within float32 rounding."""
-    with jax.default_device(jax.local_devices(backend="cpu")[0]):
+    within float32 rounding. It steps out of the caller's mesh: under `jax.set_mesh` a jitted
+    program without committed inputs is placed on the mesh's devices, whatever the default
+    device says (the model's init traces the same without a mesh: one device, no context axis)."""
+    with jax.set_mesh(None), jax.default_device(jax.local_devices(backend="cpu")[0]):
         state = jax.device_get(unsharded_init(seed))
     return jax.tree.map(
         lambda x, sharding: jax.make_array_from_callback(np.shape(x), sharding,

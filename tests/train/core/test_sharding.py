@@ -31,7 +31,7 @@ MULTI_DEVICE_SCRIPT = textwrap.dedent("""
     from train.checkpoint.manager import Checkpointer
     from train.core.config import ConfigError
     from train.core.presets import load_config
-    from train.core.session import build_session, to_global
+    from train.core.session import build_session, host_init, to_global
     from train.core.sharding import make_mesh, mesh_context
     from train.core.validation import validate_for_devices
 
@@ -88,6 +88,19 @@ MULTI_DEVICE_SCRIPT = textwrap.dedent("""
     out["host_init_equal"] = all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in pairs)
     out["host_init_shardings"] = all(a.sharding.is_equivalent_to(b.sharding, a.ndim)
                                      for a, b in pairs)
+    # ... and is drawn on the host's first CPU device inside the mesh's context too (under
+    # jax.set_mesh a jitted program without committed inputs goes to the mesh's devices)
+    drawn_on = set()
+
+    def recording_init(seed):
+        state = jax.jit(sharded.init_fn, static_argnums=0)(seed)
+        drawn_on.update(d.id for leaf in jax.tree.leaves(state) for d in leaf.sharding.device_set)
+        return state
+
+    with mesh_context(sharded.mesh):
+        host_init(recording_init, config.train.seed, sharded.state_shardings)
+    out["host_init_devices"] = sorted(drawn_on)
+    out["host_device"] = jax.local_devices(backend="cpu")[0].id
 
     # save on one device, restore onto fsdp 4 x tensor 2, continue: same losses as one device
     directory = tempfile.mkdtemp()
@@ -125,6 +138,7 @@ def test_eight_devices_train_like_one_and_restore_across_device_counts():
     assert specs["step"] == str(P())
     assert result["embedding_shard_shape"] == [160, 8]          # vocab / 2, embed / 4
     assert result["host_init_equal"] and result["host_init_shardings"]
+    assert result["host_init_devices"] == [result["host_device"]]
 
     assert result["restored_query_spec"] == str(P("fsdp", "tensor", None))
     np.testing.assert_allclose(result["continued_sharded"], result["continued_single"],
