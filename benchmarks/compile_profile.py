@@ -2,7 +2,7 @@
 
     python benchmarks/compile_profile.py fpa_125m softmax_rope_125m [--context 2048]
         [--batch-size 8] [--layers N] [--cprofile fpa_125m] [--out DIR]
-        [--field-passes kernels|by_level|all_levels] [--diagonal-shares kernel|dkv] [--scan-layers]
+        [--field-passes kernels|by_level|all_levels] [--scan-layers]
 
 For each preset (random tokens, as `python -m train bench`): seconds spent tracing the jitted
 train step to a jaxpr, lowering it to StableHLO (Pallas / Mosaic GPU kernels are lowered to

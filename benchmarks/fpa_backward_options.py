@@ -1,14 +1,12 @@
-"""The options of the benchmark scripts that trace FPA (op_trace.py, compile_profile.py,
-hlo_op_count.py, gradient_check_gpu.py) for its backward's module switches, set before anything
+"""The option of the benchmark scripts that trace FPA (op_trace.py, compile_profile.py,
+hlo_op_count.py, gradient_check_gpu.py) for its backward's module switch, set before anything
 is traced:
 
     --field-passes kernels|by_level|all_levels   mixer_kernels/mosaic_gpu/attention/fields.py
                                                   FIELD_PASSES
-    --diagonal-shares kernel|dkv                  mixer_kernels/mosaic_gpu/attention/backward.py
-                                                  DIAGONAL_SHARES
 
-    add(parser)     adds both (unset: the library's choice)
-    apply(args)     sets the switches that were given
+    add(parser)     adds it (unset: the library's choice)
+    apply(args)     sets the switch if it was given
 """
 
 
@@ -17,16 +15,9 @@ def add(parser):
                         default=None, help="FPA: how the field passes are formed "
                         "(mixer_kernels/mosaic_gpu/attention/fields.py FIELD_PASSES; unset: the "
                         "library's)")
-    parser.add_argument("--diagonal-shares", choices=("kernel", "dkv"), default=None,
-                        help="FPA: where the diagonal tiles' per-level shares are formed "
-                        "(mixer_kernels/mosaic_gpu/attention/backward.py DIAGONAL_SHARES; "
-                        "unset: the library's)")
 
 
 def apply(args):
     if args.field_passes is not None:
         from mixer_kernels.mosaic_gpu.attention import fields
         fields.FIELD_PASSES = args.field_passes
-    if args.diagonal_shares is not None:
-        from mixer_kernels.mosaic_gpu.attention import backward
-        backward.DIAGONAL_SHARES = args.diagonal_shares

@@ -1,7 +1,7 @@
 """Compiled Pallas attention gradients against the "xla" implementation, on the GPU.
 
     python benchmarks/gradient_check_gpu.py [--ops fpa,fox,softmax] [--dims 64,128] [--seed N]
-        [--diagonal-shares kernel|dkv] [--field-passes kernels|by_level|all_levels]
+        [--field-passes kernels|by_level|all_levels]
         (exits 1 when an error exceeds the bar)
 
 FPA (the drifting walk of benchmarks/op_trace.py), FoX and softmax at (B, T, H) = (1, 1000, 2)

@@ -1,7 +1,7 @@
 """How many StableHLO ops the attention ops' XLA glue adds, by source line (no GPU needed).
 
     python benchmarks/hlo_op_count.py [--op fpa|fox|softmax] [--shape 8,2048,12,64] [--top 25]
-        [--field-passes kernels|by_level|all_levels] [--diagonal-shares kernel|dkv]
+        [--field-passes kernels|by_level|all_levels]
 
 Lowers the op's forward and backward programs (mixer_kernels/mosaic_gpu/attention/vjp.py, the ones a
 model's layers share) for CUDA on this machine, and counts the StableHLO ops of each by the

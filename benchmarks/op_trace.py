@@ -5,7 +5,6 @@
         [--residuals internals|inputs] [--xla-operands float32|16-bit]
     python benchmarks/op_trace.py fpa|fox|softmax ... [--overlap none|dq|dkv|both]
     python benchmarks/op_trace.py fpa ... [--field-passes kernels|by_level|all_levels]
-        [--diagonal-shares kernel|dkv]
     python benchmarks/op_trace.py fpa --shape 4,4096,12,64 1,16384,12,64 --fields walk,flat,fox
 
 op: fpa | fox | softmax (the "pallas" kernels) or gdn (gated_delta_rule, "pallas"); bf16 inputs,
@@ -136,7 +135,6 @@ def _knobs(op):
     if op == "fpa":
         from mixer_kernels.mosaic_gpu.attention import fields
         knobs["field_passes"] = fields.FIELD_PASSES
-        knobs["diagonal_shares"] = backward.DIAGONAL_SHARES
     return knobs
 
 

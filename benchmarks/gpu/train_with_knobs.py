@@ -5,8 +5,6 @@ environment, for the GPU scripts beside this file (unset or empty: the library's
     XLA_OPERANDS  "float32" | "16-bit"      vjp.XLA_OPERANDS
     RESIDUALS     "internals" | "inputs"    vjp.RESIDUALS
     CONV          "xla"                     the short convolutions without their kernel backward
-    DIAGONAL      "kernel" | "dkv"          mixer_kernels/mosaic_gpu/attention/backward.py
-                                            DIAGONAL_SHARES
     FIELDS        "by_level" | "kernels" | "all_levels"   .../attention/fields.py FIELD_PASSES
 
     python3 benchmarks/gpu/train_with_knobs.py bench gdn_125m --context 2048 --batch-size 8
@@ -16,7 +14,7 @@ import os
 import sys
 
 from gdn_jax.ops import short_conv
-from mixer_kernels.mosaic_gpu.attention import backward, fields
+from mixer_kernels.mosaic_gpu.attention import fields
 from mixer_kernels.mosaic_gpu.gated_delta import vjp
 from train.cli.entry import main
 
@@ -24,8 +22,6 @@ for name, attribute in (("INTRA", "INTRA_BACKWARD"), ("XLA_OPERANDS", "XLA_OPERA
                         ("RESIDUALS", "RESIDUALS")):
     if os.environ.get(name):
         setattr(vjp, attribute, os.environ[name])
-if os.environ.get("DIAGONAL"):
-    backward.DIAGONAL_SHARES = os.environ["DIAGONAL"]
 if os.environ.get("FIELDS"):
     fields.FIELD_PASSES = os.environ["FIELDS"]
 if os.environ.get("CONV") == "xla":

@@ -82,13 +82,6 @@ def _to_bth(x, length):
 # backward is traced.
 OVERLAP = {"fpa": (True, True), "separable": (False, False), "none": (False, False)}
 
-# Where FPA's diagonal tiles get their per-level soft-min shares: "kernel" runs
-# backward_diagonal_kernel.py (it recomputes each diagonal tile); "dkv" has the dk/dv sweep,
-# which computes the diagonal tile anyway, write its beta [dead] dS out ([B, H, nb, n, n]
-# float32) and forms the shares in XLA (fields.diagonal_shares). Read when the backward is
-# traced. Not yet timed on a GPU, so "kernel" stays the default.
-DIAGONAL_SHARES = "kernel"
-
 
 def kernel_config(bias, scale, segment_ids, length, block=BLOCK, prune=False,
                   lhs_in_registers=None):
@@ -105,14 +98,7 @@ def kernel_config(bias, scale, segment_ids, length, block=BLOCK, prune=False,
                         content=bool(bias.content) if fpa else True,
                         prune=bool(prune), margin=pruning_margin(length),
                         lhs_in_registers=bool(lhs_in_registers), overlap_dq=OVERLAP[mode][0],
-                        overlap_dkv=OVERLAP[mode][1],
-                        diagonal_in_dkv=fpa and _diagonal_shares() == "dkv")
-
-
-def _diagonal_shares():
-    if DIAGONAL_SHARES not in ("kernel", "dkv"):
-        raise ValueError(f"DIAGONAL_SHARES: expected 'kernel' or 'dkv', got {DIAGONAL_SHARES!r}")
-    return DIAGONAL_SHARES
+                        overlap_dkv=OVERLAP[mode][1])
 
 
 def document_end_index(segment_ids, padded, n):
@@ -220,23 +206,21 @@ def prepare(cfg, q, k, v, out, lse, dout, bias, segment_ids):
     col_names = cfg.col_names()
     colp = _pack_named(vectors, col_names, n) if col_names else \
         jnp.zeros((batch, heads, nb, 1, n), jnp.float32)
-    field_state = None if phi is None else (phi, stats, rowd, cold)  # reused by finish
+    field_state = None if phi is None else (phi, stats)  # reused by finish
     return (qp, kp, vp, dop, rowp, colp, rowd, cold, beta), field_state
 
 
 def run_kernels(cfg, args):
-    """(dkv outputs, dq outputs, FPA's diagonal shares [B, H, nb, 2 levels, n] or None, which
-    with cfg.diagonal_in_dkv come from XLA in `finish`); dq outputs are (dq [B, Tp, H, D],
-    row pack [B, H, nb, R, n] if the mode has row sums)."""
-    kernel = cfg.mode == "fpa" and not cfg.diagonal_in_dkv
-    diagonal = diagonal_shares_kernel(cfg, *args) if kernel else None
+    """(dkv outputs, dq outputs, FPA's diagonal shares [B, H, nb, 2 levels, n] or None); dq
+    outputs are (dq [B, Tp, H, D], row pack [B, H, nb, R, n] if the mode has row sums)."""
+    diagonal = diagonal_shares_kernel(cfg, *args) if cfg.mode == "fpa" else None
     return dkv_kernel(cfg, *args), dq_kernel(cfg, *args), diagonal
 
 
 def finish(cfg, kernel_outs, field_state, length, beta_dtype=jnp.float32):
     """XLA post-pass: slice off the padding, turn the kernels' sums into bias gradients.
-    kernel_outs: run_kernels' result; field_state: prepare's second result (FPA: phi, its
-    level statistics and the diagonal's level packs; None otherwise)."""
+    kernel_outs: run_kernels' result; field_state: prepare's second result (FPA: phi and its
+    level statistics; None otherwise)."""
     dkv_out, dq_out, diagonal = kernel_outs
     dk, dv = dkv_out[0][:, :length], dkv_out[1][:, :length]
     dq = dq_out[0][:, :length]
@@ -250,9 +234,7 @@ def finish(cfg, kernel_outs, field_state, length, beta_dtype=jnp.float32):
 
     batch, heads, nb = colo.shape[:3]
     levels = cfg.diag_levels
-    phi, stats, rowd, cold = field_state
-    if cfg.diagonal_in_dkv:
-        diagonal = fields.diagonal_shares(dkv_out[4], rowd, cold, cfg.tau)
+    phi, stats = field_state
     col_at = 0 if cfg.query_level else 1
     row_at = 1 if cfg.query_level else 0
     dpsi = _unpack(rowo, 0) if cfg.query_level else _unpack(colo, 0)

@@ -33,9 +33,7 @@ reciprocal per pair) or row-referenced (weights relative to m_t = min(G, C_t) an
 exponential of -|m_t - A_s| per pair; exact for any spread). Query levels take the exact
 shares. The gap's minimum and soft-min mass are scalars carried along the sweep. The diagonal
 tiles' per-level shares come from a third kernel (backward_diagonal_kernel.py), which keeps their
-six levels' work out of the two sweeps (it cost them registers and spills on every tile), or
-(diagonal_in_dkv) from XLA, given the diagonal tiles' beta [dead] dS that the dk/dv sweep
-writes out ([B, H, nb, n(s), n(t)] float32, fields.diagonal_shares).
+six levels' work out of the two sweeps (it cost them registers and spills on every tile).
 
 Two sweep kernels, no atomics: `dkv` runs one program per key block j over query blocks i >= j
 (dk, dv, column sums, and the per-tile gap totals), `dq` one per query block i over key blocks
@@ -88,9 +86,6 @@ class KernelConfig:
                                     # backward.kernel_config picks it outside the interpreter)
     overlap_dq: bool = False  # dq: issue the scores' and dP's matmuls together and form P
     overlap_dkv: bool = False  # (bias, exp) while dP's is in flight; dk/dv likewise
-    diagonal_in_dkv: bool = False  # FPA: dk/dv also writes each diagonal tile's beta [dead] dS
-                                   # (the per-level shares then come from XLA, not from
-                                   # backward_diagonal_kernel.py; backward.DIAGONAL_SHARES)
 
     @property
     def skips(self):
@@ -146,8 +141,7 @@ class KernelConfig:
 
     def col_out_names(self):
         """Rows of dkv's per-key-block output ("share": the block-level key-side shares; the
-        diagonal tiles' per-level shares come from backward_diagonal_kernel.py, or with
-        diagonal_in_dkv from fields.diagonal_shares)."""
+        diagonal tiles' per-level shares come from backward_diagonal_kernel.py)."""
         if self.mode == "separable":
             return ["dcol"]
         if self.mode == "fpa":
@@ -688,8 +682,7 @@ def _field_sums(cfg, tile, p, ds, extra, field, col_acc, row_acc):
     side). Paths 1 / 2 of `_share_path` off the diagonal (separable, row-referenced; path 0
     tiles run as plain softmax tiles and never get here), the exact shares with query levels;
     a diagonal tile adds d level, d beta and pgap only (its shares:
-    backward_diagonal_kernel.py, or fields.diagonal_shares from the coefficients dkv_kernel
-    writes with diagonal_in_dkv). field = (diagonal, path, r, (gap_min, gap_mass), add_gap);
+    backward_diagonal_kernel.py). field = (diagonal, path, r, (gap_min, gap_mass), add_gap);
     add_gap(total) takes the tile's gap share (key side)."""
     diagonal, path, r, (gap_min, gap_mass), add_gap = field
     beta = tile.beta
@@ -779,8 +772,7 @@ def _tile_sums(cfg, tile, p, ds, extra, field, col_acc, row_acc):
 
 
 def dkv_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
-    """One program per (head, key block, batch): dk, dv [B, Tp, H, D], column pack, gap totals
-    and, with cfg.diagonal_in_dkv, the diagonal tile's beta [dead] dS [B, H, nb, n(s), n(t)]."""
+    """One program per (head, key block, batch): dk, dv [B, Tp, H, D], column pack, gap totals."""
     batch, tp, heads, head_dim = q.shape
     n = cfg.block
     nb = tp // n
@@ -794,18 +786,14 @@ def dkv_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
         out_types.append(jax.ShapeDtypeStruct((batch, heads, nb, len(out_names), n), jnp.float32))
     if fpa:
         out_types.append(jax.ShapeDtypeStruct((batch, heads, nb, chunks, n), jnp.float32))
-    coef_out = fpa and cfg.diagonal_in_dkv
-    if coef_out:
-        out_types.append(jax.ShapeDtypeStruct((batch, heads, nb, n, n), jnp.float32))
 
     def body(*refs):
         (q_ref, k_ref, v_ref, do_ref, rowp_ref, colp_ref, rowd_ref, cold_ref, beta_ref,
          dk_ref, dv_ref, *rest) = refs
         colo_ref = rest.pop(0) if out_names else None
         gapo_ref = rest.pop(0) if fpa else None
-        coefo_ref = rest.pop(0) if coef_out else None
         (k_s, v_s, q_s, do_s, rowp_s, colp_s, rowd_s, cold_s, beta_s, p_s, ds_s, colo_s, gap_s,
-         coef_s, bars) = rest
+         bars) = rest
         h = lax.axis_index("h")
         j = lax.axis_index("kb")
         b = lax.axis_index("b")
@@ -844,8 +832,6 @@ def dkv_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
                     (v_s, do_s.at[slot].transpose((1, 0))), (n, n),
                     lambda p: _accumulate(cfg, dv, p, p_s, do_s.at[slot])[0])
                 ds = p * (dp - tile.row("delta"))
-                if coef_s is not None and diagonal:   # [s, t], for fields.diagonal_shares
-                    coef_s[...] = beta * tile.dead_coef(ds, extra["gap"]())[0]
 
                 field = None
                 if fpa and field_work:
@@ -882,8 +868,6 @@ def dkv_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
             plgpu.copy_smem_to_gmem(colo_s, colo_ref.at[b, h, j])
         if gapo_ref is not None:
             plgpu.copy_smem_to_gmem(gap_s, gapo_ref.at[b, h, j])
-        if coefo_ref is not None:
-            plgpu.copy_smem_to_gmem(coef_s, coefo_ref.at[b, h, j])
         plgpu.wait_smem_to_gmem(0)
 
     dtype = q.dtype
@@ -893,7 +877,6 @@ def dkv_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
         None if cfg.lhs_in_registers else swizzled_smem((n, n), dtype),
         plgpu.SMEM((max(len(out_names), 1), n), jnp.float32),
         plgpu.SMEM((chunks, n), jnp.float32) if fpa else None,
-        swizzled_smem((n, n), jnp.float32) if coef_out else None,
         plgpu.Barrier(num_barriers=12),
     ]
     body.__name__ = f"attention_dkv_{cfg.mode}"  # the kernel's name in profiles

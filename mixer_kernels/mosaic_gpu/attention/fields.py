@@ -276,45 +276,6 @@ def spread_gap(gap_total, block_min, phi, block, tau):
     return (totals[..., None] * _decay(x - block_min[..., None], tau)).reshape(phi.shape)
 
 
-def pair_levels(block):
-    """[n(s), n(t)] int constant: the dyadic level L of each pair s < t of a diagonal tile
-    (2^L <= s XOR t < 2^(L+1): s in the lower, t in the upper half of one group of 2^(L+1)),
-    -1 elsewhere."""
-    s, t = np.arange(block)[:, None], np.arange(block)[None, :]
-    level = np.floor(np.log2(np.maximum(s ^ t, 1))).astype(np.int32)
-    return np.where(s < t, level, -1)
-
-
-def diagonal_shares(coef, rowd, cold, tau):
-    """Per-level soft-min shares of the diagonal tiles (backward_diagonal_kernel.py's math) from
-    their coefficients: coef [B, H, nb, n(s), n(t)] = beta [dead] dS (0 unless s < t), rowd /
-    cold [B, H, nb, 2 top, n] the query side's (prefix) and the key side's (suffix) level
-    minima then masses (`Statistics.diagonal_pack`) -> [B, H, nb, 2 top, n]: the key side of
-    levels 0 .. top-1, then the query side.
-
-    A pair s < t of level L has R = min(suf, pre), suf = suf_min[L, s], pre = pre_min[L, t];
-    one of the two weights is 1 and the other y = exp(-|suf - pre|/tau), and
-    share = coef w / max(suf_mass w_suf + pre_mass w_pre, 1), summed by level over t (key
-    side) or over s (query side). Every pair takes its level's rows by a constant gather, so
-    the per-pair work is one pass whatever the level; only the final masked sums are per
-    level."""
-    n = coef.shape[-1]
-    top = rowd.shape[-2] // 2
-    levels = pair_levels(n)
-    level = np.maximum(levels, 0)
-    keys, queries = np.arange(n)[:, None], np.arange(n)[None, :]
-    suf, suf_mass = cold[..., level, keys], cold[..., top + level, keys]          # [.., s, t]
-    pre, pre_mass = rowd[..., level, queries], rowd[..., top + level, queries]
-    key_first = suf <= pre
-    y = jnp.exp(jnp.abs(suf - pre) * (-1.0 / tau))
-    to_key, to_query = jnp.where(key_first, 1.0, y), jnp.where(key_first, y, 1.0)
-    base = coef / jnp.maximum(suf_mass * to_key + pre_mass * to_query, 1.0)
-    key, query = base * to_key, base * to_query
-    by_level = lambda x, axis: [jnp.sum(jnp.where(levels == lv, x, 0.0), axis=axis)
-                                for lv in range(top)]
-    return jnp.stack(by_level(key, -1) + by_level(query, -2), axis=-2)
-
-
 def field_gradient(shares, gap_total, phi, block, tau, stats):
     """dphi [B, H, Tp] from the kernels' shares: shares [B, H, nb, 2 Lv, n] (the key side's
     levels 0 .. top, then the query side's), gap_total [B, H, nb(i), nb(j)], stats the

@@ -186,37 +186,3 @@ def test_field_kernels_lower_for_hopper(monkeypatch):
                                                    segment_ids=segment_ids), *args)
     assert forward.count("fpa_field_stats") >= 1 and "fpa_field_spread" not in forward
     assert backward.count("fpa_field_stats") >= 1 and backward.count("fpa_field_spread") >= 1
-
-
-def test_pair_levels_and_diagonal_shares_match_their_definition():
-    """fields.diagonal_shares (the XLA form of the diagonal tiles' per-level shares) against a
-    float64 loop over the pairs s < t: level L = the highest bit where s and t differ, R =
-    min(suf_min[L, s], pre_min[L, t]), each piece weighted exp(-(piece - R)/tau), the pair's
-    coefficient over max(mass, 1) shared between the key side (by s) and the query side (by t)."""
-    rng = np.random.default_rng(case_seed(53))
-    n, tau = BLOCK, 0.7
-    top = fields.num_levels(n) - 1
-    levels = fields.pair_levels(n)
-    for s in (0, 5, 31):
-        for t in (s + 1, 33, 63):
-            assert levels[s, t] == int(np.log2(s ^ t)), (s, t)
-    assert (levels[np.tril_indices(n)] == -1).all()
-    coef = np.triu(rng.normal(size=(2, n, n)), 1)                       # [rows, s, t]
-    minima = lambda: np.cumsum(rng.normal(size=(2, top, n)), axis=-1)
-    rowd = np.concatenate([minima(), 1 + rng.random((2, top, n)) * 3], axis=1)
-    cold = np.concatenate([minima(), rng.random((2, top, n)) * 3], axis=1)
-    got = np.asarray(fields.diagonal_shares(*(jnp.asarray(x, jnp.float32) for x in
-                                              (coef, rowd, cold)), tau), np.float64)
-    want = np.zeros((2, 2 * top, n))
-    for row in range(2):
-        for s in range(n):
-            for t in range(s + 1, n):
-                level = int(np.log2(s ^ t))
-                suf, pre = cold[row, level, s], rowd[row, level, t]
-                low = min(suf, pre)
-                w_key, w_query = np.exp(-(suf - low) / tau), np.exp(-(pre - low) / tau)
-                mass = cold[row, top + level, s] * w_key + rowd[row, top + level, t] * w_query
-                base = coef[row, s, t] / max(mass, 1.0)
-                want[row, level, s] += base * w_key
-                want[row, top + level, t] += base * w_query
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
