@@ -1,4 +1,4 @@
-# One H200 call (six to eight minutes): compiled gradients against xla
+# On an H200 (six to eight minutes): compiled gradients against xla
 # (benchmarks/gradient_check_gpu.py), per-kernel traces of FPA (FoX's fields) and FoX at
 # (4, 4096, 12, 64) and (8, 2048, 16, 128) and of the gated delta rule at (4, 4096, 16, 128)
 # with both WY backwards (benchmarks/op_trace.py, ptxas register and spill lines kept), the

@@ -1,4 +1,4 @@
-# One H200 call: XLA's own timers (its scoped logging timers at VLOG 1 in the GPU compiler's
+# On an H200: XLA's own timers (its scoped logging timers at VLOG 1 in the GPU compiler's
 # files) while benchmarks/compile_profile.py compiles each preset in PRESETS, summed by timer
 # label: which compiler stages (HLO passes, LLVM IR emission, LLVM to PTX, ptxas) take a
 # train step's compile time. Needs the wheels of .whl/. Writes $OUT/compile_timers_<preset>.txt

@@ -1,4 +1,4 @@
-# One H200 call (about five minutes): FPA's field passes in the field kernels
+# On an H200 (about five minutes): FPA's field passes in the field kernels
 # (mixer_kernels/mosaic_gpu/attention/fields_kernels.py, FIELD_PASSES = "kernels") against the
 # XLA form level by level. Per form (FORMS): the 125M train step's compile split, FPA and
 # softmax in one process (benchmarks/compile_profile.py), and per-kernel traces of the FPA op,

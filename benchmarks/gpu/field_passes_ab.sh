@@ -1,4 +1,4 @@
-# One H200 call (about six minutes): FPA's XLA field passes level by level against every level
+# On an H200 (about six minutes): FPA's XLA field passes level by level against every level
 # at once (mixer_kernels/mosaic_gpu/attention/fields.py FIELD_PASSES). For each form: the
 # 125M train step's compile split (benchmarks/compile_profile.py, FPA and softmax in one
 # process), then per-kernel traces of the FPA op at (4, 4096, 12, 64) and (8, 2048, 12, 64),

@@ -1,4 +1,4 @@
-# One H200 call (about three minutes): where the peak memory of the gdn_125m train step goes. Compiles
+# On an H200 (about three minutes): where the peak memory of the gdn_125m train step goes. Compiles
 # and runs `python -m train bench gdn_125m` at 2048 x 8 with XLA's dump on, then keeps the train
 # step's buffer assignment and memory-usage report (the largest live buffers at the peak, with the
 # HLO instruction that makes each). Needs the wheels in .whl/; RESIDUALS=internals (and the other

@@ -1,11 +1,11 @@
-# One H200 call (about seven minutes): one switch of the gated delta rule
+# On an H200 (about seven minutes): one switch of the gated delta rule
 # (mixer_kernels/mosaic_gpu/gated_delta/vjp.py) against the defaults. SWITCH names it as
 # NAME=value: RESIDUALS=internals (the default here) or XLA_OPERANDS=16-bit. First per-kernel
 # traces of the op's forward+backward at (4, 4096, 16, 128) with the defaults and with the
 # switch; then `python -m train bench gdn_125m` at 2048 x 8 with each (tokens/s, peak memory,
 # compile). Needs the wheels of grain, array_record, portpicker and tensorboardX in .whl/.
 # Writes gdn_switches_ab.txt and the traces' and benches' JSON to $OUT.
-#   SWITCH=RESIDUALS=internals bash benchmarks/gpu/gdn_switches_ab.sh      carry: [".whl"]
+#   SWITCH=RESIDUALS=internals bash benchmarks/gpu/gdn_switches_ab.sh      # wheels in .whl/
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 switch=${SWITCH:-RESIDUALS=internals}
 name=${switch%%=*}; value=${switch#*=}

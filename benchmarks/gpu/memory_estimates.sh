@@ -1,4 +1,4 @@
-# One H200 call: train/core/memory.py's estimate against the allocator peak, via
+# On an H200: train/core/memory.py's estimate against the allocator peak, via
 # `train bench` (estimate beside the peak) and train.tools.memory_check (one subprocess per case,
 # an unrefused out-of-memory case to see XLA's error mapped to one line).
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1

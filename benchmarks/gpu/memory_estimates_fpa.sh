@@ -1,4 +1,4 @@
-# One H200 call: FPA's memory estimate vs the allocator peak, and an
+# On an H200: FPA's memory estimate vs the allocator peak, and an
 # unrefused out-of-memory case (the refusal switched off) to see XLA's error mapped to one line.
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1

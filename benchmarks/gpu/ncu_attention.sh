@@ -1,4 +1,4 @@
-# One H200 call: Nsight Compute launch statistics (registers, spills to local memory, pipe
+# On an H200: Nsight Compute launch statistics (registers, spills to local memory, pipe
 # counts) of the FPA attention kernels in the flat and FoX-field regimes at (4, 4096, 12, 64),
 # then per-kernel trace times of FPA (three regimes), FoX and softmax at the three shapes
 # (benchmarks/op_trace.py). Writes to $OUT.

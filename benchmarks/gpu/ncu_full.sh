@@ -1,4 +1,4 @@
-# One H200 call: Nsight Compute's sections (launch, occupancy, throughput, warp state, scheduler,
+# On an H200: Nsight Compute's sections (launch, occupancy, throughput, warp state, scheduler,
 # instructions, source counters) for the attention kernels of one op's forward+backward
 # (benchmarks/op_trace.py): occupancy, issue-slot use, warp stall reasons and
 # the SASS lines with the most stall samples, per kernel.

@@ -1,4 +1,4 @@
-# One H200 call (about eight minutes): the backward sweeps' matmul schedule, sequential against
+# On an H200 (about eight minutes): the backward sweeps' matmul schedule, sequential against
 # overlapped (the scores' and dP's matmuls issued together, P formed while dP's is in flight;
 # mixer_kernels/mosaic_gpu/attention/backward.py OVERLAP, here forced for every bias mode). Compiled gradients of the
 # overlapped kernels against "xla" first, then per-kernel traces (benchmarks/op_trace.py, ptxas

@@ -1,4 +1,4 @@
-# One H200 call: bf16 gradient precision (with fla's FoX kernel as the anchor) and the
+# On an H200: bf16 gradient precision (with fla's FoX kernel as the anchor) and the
 # memory estimate against the allocator peak. Run from the repo root with the wheels
 # of grain, array_record, tensorboardX, fla-core and flash-linear-attention in .whl/.
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1

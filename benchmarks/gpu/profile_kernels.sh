@@ -1,4 +1,4 @@
-# One H200 call: per-kernel device time of the FPA, FoX and softmax kernels' forward+backward
+# On an H200: per-kernel device time of the FPA, FoX and softmax kernels' forward+backward
 # (benchmarks/op_trace.py) in FPA's three field regimes, and where the 125M train step's
 # compile time goes (benchmarks/compile_profile.py, 2-layer models). Run from the repo root with
 # the wheels of grain, array_record, portpicker and tensorboardX in .whl/; writes to $OUT.

@@ -1,4 +1,4 @@
-# One H200 call: where one 125M train step's device time goes. `python -m train bench` of each
+# On an H200: where one 125M train step's device time goes. `python -m train bench` of each
 # preset in PRESETS (context CONTEXT, batch BATCH) with a 3-step jax.profiler trace, then the
 # trace's TOP costliest kernels and XLA ops in ms per step (benchmarks/fusion_sources.py).
 # Needs the wheels of grain, array_record, portpicker and tensorboardX in .whl/; writes

@@ -1,4 +1,4 @@
-# One H200 call (about eight and a half minutes: each bench takes 76-97 s with its start-up and
+# On an H200 (about eight and a half minutes: each bench takes 76-97 s with its start-up and
 # compile): `python -m train bench` at context 2048, batch 8, of fpa_125m, fox_125m and
 # softmax_rope_125m, each with the blocks unrolled (model.scan_layers=false, the default) and as
 # one lax.scan over the pattern's repeats (model.scan_layers=true): tokens/s, compile seconds and

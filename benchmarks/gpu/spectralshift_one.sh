@@ -4,26 +4,26 @@
 # of 8 x 8192, the same tokens for every variant) and measures each: slow-band widths and
 # E_write of a needle, held-out loss at 2048, 8192 and 16384, needle retrieval at 8192.
 #   VARIANTS="plain ss_k0.5 ss_k1" LIMIT=545 bash benchmarks/gpu/spectralshift_one.sh
-#       carry: [".whl", "data/prose"], timeout_s 600; then the same call again, at once,
+#       (wheels in .whl/, corpus in data/prose); then the same command again, at once,
 #       until the table has every row
 # Timing (H200, 2026-12-03): pretraining and measuring the reference take 385 s, most of it
-# compiling (the train step 49-62 s, then every measure at its own length); a call that keeps
+# compiling (the train step 49-62 s, then every measure at its own length); a run that keeps
 # the reference row (results/spectralshift_h200/results.json, --reference-from-results)
 # pretrains in 277 s and trains the plain variant (compile 45 s) within 545 s, so one variant
-# takes more than one call. The runs, JAX's compilation cache and the results live in
-# /tmp/ss, which survives between calls on the same machine, so the same call issued again
-# continues: finished runs
-# resume at their last step (21 s for both), measured variants are skipped (--skip-measured),
-# and nothing compiled before compiles again (the cache, 41-62 MB, is too large to come back).
-# A cold machine starts over (pretraining again, same seed and batches).
+# takes more than one run at LIMIT=545. The runs, JAX's compilation cache and the results live
+# in /tmp/ss, which stays on the machine between runs, so the same command run again
+# continues: finished runs resume at their last step (21 s for both), measured variants are
+# skipped (--skip-measured), and nothing compiled before compiles again (the cache, 41-62 MB,
+# stays in /tmp/ss and is not copied to $OUT). Without /tmp/ss (a fresh machine) the script
+# starts over (pretraining again, same seed and batches).
 # MEASURE_REFERENCE=1 measures the reference again. The demo rewrites results.json and table.md
-# after every variant, so a call stopped by LIMIT keeps what it measured. Writes
+# after every variant, so a run stopped by LIMIT keeps what it measured. Writes
 # $OUT/spectralshift_h200/ (table.md, results.json, slow_band_gdn.png, spectra_gdn.tar.gz: the
-# spectra report's figures, packed, since a call brings back at most 8 files) and the log
-# spectralshift_log.txt (every 100th step line); commit the folder as results/spectralshift_h200/.
+# spectra report's figures, packed into one file) and the log spectralshift_log.txt (every
+# 100th step line); commit the folder as results/spectralshift_h200/.
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-test -d data/prose || { echo "error: data/prose is missing (carry it: benchmarks/prepare_prose_corpus.py)"; exit 2; }
+test -d data/prose || { echo "error: data/prose is missing (build it with benchmarks/prepare_prose_corpus.py)"; exit 2; }
 out=/tmp/ss/out
 mkdir -p $out $OUT/spectralshift_h200
 reuse=""

@@ -1,4 +1,4 @@
-# One H200 call (about eight minutes): `python -m train bench` of the 125M presets at context
+# On an H200 (about eight minutes): `python -m train bench` of the 125M presets at context
 # 2048 (batch 8) and at context 8192 (batch 2: the same tokens per step). Needs the wheels of
 # grain, array_record, portpicker and tensorboardX in .whl/; writes bench_<preset>_<context>.json
 # and trainer_contexts.txt to $OUT. Knobs: PRESETS_2K, PRESETS_8K, STEPS, LIMIT (seconds per

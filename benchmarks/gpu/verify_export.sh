@@ -1,10 +1,11 @@
-# One H200 call (about eight minutes at most): the exports of FoX, softmax + RoPE, Gated
+# On an H200 (about eight minutes at most): the exports of FoX, softmax + RoPE, Gated
 # DeltaNet and the GDN + softmax hybrid loaded into flash-linear-attention's
 # AutoModelForCausalLM, logits against the JAX model in true float32 (2 layers at length 256,
 # 12 layers at 4096), at both frameworks' default precision (TF32) and in bfloat16
 # (benchmarks/verify_export_fla.py; its docstring says what each column is).
-# Run from the repo root with $OUT set, carrying the wheel folders:
-#     run(command="bash benchmarks/gpu/verify_export.sh", carry=[".whl", ".whlhf"])
+# Run from the repo root with the wheel folders .whl and .whlhf in place ($OUT: the output
+# folder, /tmp/verify_export_out if unset):
+#     bash benchmarks/gpu/verify_export.sh
 # .whl holds fla (flash_linear_attention, fla_core 0.6.0); .whlhf transformers and the rest of
 # its stack (.whlhf/README.txt). Extra arguments go to the script (e.g. --models fox,gdn,
 # --sizes 2x256x2, --budget 300). Writes $OUT/verify_export.log, $OUT/verify_export_fla.md

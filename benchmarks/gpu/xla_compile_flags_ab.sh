@@ -1,4 +1,4 @@
-# One H200 call (about 2 minutes per preset and variant): `python -m train bench` at context
+# On an H200 (about 2 minutes per preset and variant): `python -m train bench` at context
 # 2048 x batch 8 under XLA option sets that may shorten the train step's compile, to weigh the
 # compile seconds against the step's milliseconds. Variants (VARIANTS, space-separated):
 #   default          the flags as they are
