@@ -38,7 +38,7 @@ CPU_LEVEL_FLAG = "--xla_backend_optimization_level=0"
 
 # modules whose module-scoped fixture trains a run or starts an 8-device subprocess
 SHARED_FIXTURE_MODULES = frozenset({
-    "tests/mixer_core/test_shard_map.py",
+    "tests/mixer_core/test_shard.py",
     "tests/train/cli/test_entry_unreadable_runs.py",
     "tests/train/experiments/test_stages_chain.py",
 })

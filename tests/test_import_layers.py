@@ -1,9 +1,15 @@
-"""Which way the imports go (docs/architecture.md, "The training package").
+"""Which way the imports go (docs/architecture.md, "The training package"), and where the tests
+of a module are.
 
 Every module of the library packages and of `train` is parsed with `ast` (nothing is imported)
 and mapped to a layer. A module may import from its own layer and from the layers below it,
 never from a layer above; imports inside functions count like the others. Within `train` the
 modules import each other without cycles.
+
+tests/ mirrors the package tree, and every test file is named after the module it tests:
+tests/<dir>/test_<name>.py, where <name> is the name of a module of <dir>/ or begins with it
+and "_" (test_<module>_<aspect>.py when one module has several test files); a package's tests of
+itself as a whole are tests/<package>/test_<package>.py.
 """
 
 from __future__ import annotations
@@ -212,3 +218,49 @@ def test_cycles_are_found():
 def test_layers_of_some_modules(module, layer):
     assert module in MODULES
     assert LAYERS[layer_of(module)][0] == layer
+
+
+# ---------------------------------------------------------------------- the tests' layout
+
+# test files that test no one module, each with the reason
+TEST_FILES_OF_NO_MODULE = {
+    "tests/test_import_layers.py": "the imports of every package (and this layout)",
+    "tests/benchmarks/test_gpu_scripts.py": "the shell scripts benchmarks/gpu/*.sh",
+}
+
+
+def misnamed_test_file(test: str) -> str | None:
+    """Why tests/<dir>/test_<name>.py (a path relative to the repository) is named after no
+    module of <dir>/, or None."""
+    path = Path(test)
+    directory = REPO.joinpath(*path.parent.parts[1:])
+    name = path.stem.removeprefix("test_")
+    modules = {file.stem for file in directory.glob("*.py") if file.stem != "__init__"}
+    if any(name == module or name.startswith(module + "_") for module in modules):
+        return None
+    if name == directory.name and (directory / "__init__.py").exists():
+        return None                             # the package as a whole: its own name only
+    where = directory.relative_to(REPO).as_posix() + "/" if directory != REPO else "the root"
+    return (f"{test}: no module of {where} is named {name!r} or a prefix of it "
+            f"(modules: {', '.join(sorted(modules)) or 'none'})")
+
+
+def test_every_test_file_is_named_after_a_module_of_its_mirrored_package():
+    tests = sorted(path.relative_to(REPO).as_posix()
+                   for path in (REPO / "tests").rglob("test_*.py"))
+    problems = [problem for test in tests if test not in TEST_FILES_OF_NO_MODULE
+                for problem in [misnamed_test_file(test)] if problem]
+    assert not problems, "\n".join(problems)
+    assert set(TEST_FILES_OF_NO_MODULE) <= set(tests), "stale TEST_FILES_OF_NO_MODULE entries"
+
+
+@pytest.mark.parametrize("test, named", [
+    ("tests/mixer_kernels/mosaic_gpu/attention/test_fields.py", True),
+    ("tests/gdn_jax/ops/test_ops.py", True),              # the package as a whole
+    ("tests/mixer_kernels/mosaic_gpu/attention/test_attention_fields.py", False),
+    ("tests/train/core/test_evaluation.py", False),       # "evaluate" is no prefix of it
+    ("tests/fpa_jax/test_fpa.py", False),                 # fpa_jax/fpa/ is a package: fpa/
+    ("tests/no_such_package/test_thing.py", False),
+])
+def test_misnamed_test_files_are_found(test, named):
+    assert (misnamed_test_file(test) is None) == named

@@ -53,7 +53,7 @@ reverse cumulative sum of d row_bias + d col_bias, i.e. sum dS over pairs s < u 
 against the row and column sums it is the difference of. Taking d row_bias = dlse_t (true
 since sum_s P_ts = 1) while d col_bias sums a dS whose Delta came from the bf16-rounded out
 left a per-row error that no longer cancels in that sum: relative error 2.2e-2 instead of
-2.3e-3 at (B, T, H, D) = (2, 1000, 4, 64) (tests/fpa_jax/test_xla_bf16_gradients.py).
+2.3e-3 at (B, T, H, D) = (2, 1000, 4, 64) (tests/fpa_jax/baselines/test_flash_xla_bf16_gradients.py).
 
 Input checks shared by the baselines (shapes, dtypes, scale, block size) live here too; every
 failure names the argument. Choosing an implementation is each op's `REGISTRY` (fox.py,

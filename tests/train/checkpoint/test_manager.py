@@ -231,9 +231,9 @@ def test_unreadable_step_errors_are_one_short_line(tmp_path, caplog, damage, gis
 
 
 def test_failed_restore_leaves_no_reads_running(tmp_path, caplog, capfd, monkeypatch):
-    """A failed read of many arrays: Orbax's event loop used to close with the other reads
-    in flight, which then reported "RuntimeError: Event loop is closed" from tensorstore's
-    threads (sys.unraisablehook: a traceback on stderr) and logged "Task exception was never
+    """A failed read of many arrays leaves no other read in flight: one still running when
+    Orbax's event loop closes reports "RuntimeError: Event loop is closed" from tensorstore's
+    threads (sys.unraisablehook: a traceback on stderr) and logs "Task exception was never
     retrieved" when collected."""
     unraisable = []
     monkeypatch.setattr(sys, "unraisablehook", unraisable.append)

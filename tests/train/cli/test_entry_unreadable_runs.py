@@ -1,10 +1,10 @@
 """Damaged runs through the command line: unreadable checkpoints and a damaged config.json are
 one `error:` line on stderr and exit 1, with no traceback, not even at interpreter exit.
 
-The checkpoint cases run `python -m train` as a subprocess: a failed Orbax read used to leave
-tensorstore reads running on a closed event loop, which printed "RuntimeError: Event loop is
-closed" tracebacks (or "Task exception was never retrieved") from other threads and at exit,
-after main() had already returned. The config.json cases fail before JAX does any work, so
+The checkpoint cases run `python -m train` as a subprocess: a failed Orbax read must not leave
+tensorstore reads running on a closed event loop, which would print "RuntimeError: Event loop
+is closed" tracebacks (or "Task exception was never retrieved") from other threads and at
+exit, after main() had already returned. The config.json cases fail before JAX does any work, so
 they call main() in-process.
 """
 

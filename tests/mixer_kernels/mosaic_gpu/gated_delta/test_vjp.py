@@ -226,7 +226,7 @@ def test_backward_keeps_no_float32_chunk_products(monkeypatch):
     """The chunk outputs are recomputed in the backward pass (vjp.chunk_outputs): with
     RESIDUALS = "internals", of the float32 [N, B, HV, C, V] tensors only U and the entering
     states are kept, not float32 copies of the 16-bit operands or the products U - W S and Q S
-    (seven more before). (With the default "inputs" none is kept: test_gated_delta_residuals.)"""
+    (seven tensors more). (With the default "inputs" none is kept: test_vjp_residuals.py.)"""
     from jax._src.ad_checkpoint import saved_residuals
     from mixer_kernels.mosaic_gpu.gated_delta import vjp
     monkeypatch.setattr(vjp, "RESIDUALS", "internals")

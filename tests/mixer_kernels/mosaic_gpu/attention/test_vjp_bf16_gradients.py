@@ -1,5 +1,6 @@
 """bf16 gradients of the attention kernels (implementation="pallas", GPU interpreter) against a
-float32 computation from the same rounded inputs (issue 16's bar for the kernel backward).
+float32 computation from the same rounded inputs, at the bound the blocked XLA paths meet
+(tests/fpa_jax/fpa/test_xla_bf16_gradients.py and baselines/test_flash_xla_bf16_gradients.py).
 
     rel(x) = ||x_bf16 - x_f32|| / ||x_f32||    (whole array, float64 norms)
 
@@ -60,7 +61,7 @@ def _check(names, errors):
 
 
 def _fpa_errors(seed):
-    """Walk step and offsets of random scale (as tests/fpa_jax/test_xla_bf16_gradients.py)."""
+    """Walk step and offsets of random scale (as tests/fpa_jax/fpa/test_xla_bf16_gradients.py)."""
     keys = jax.random.split(jax.random.PRNGKey(seed), 9)
     step_scale, offset_scale = jnp.exp(jax.random.uniform(keys[8], (2,), minval=-3, maxval=0.5))
     per_token = lambda key, scale: scale * jax.random.normal(key, SHAPE[:3])
@@ -76,10 +77,10 @@ FPA_NAMES = ["dq", "dk", "dv", "dphi", "dpsi", "dbeta"]
 
 @pytest.mark.parametrize("seed", [pytest.param(2, marks=pytest.mark.slow), "fresh"])
 def test_fpa_kernel_bf16_gradients_match_float32(seed):
-    """Seed 2 is pinned: without the centring and the float32 out the kernel's dbeta was 7.4e-3
-    there (1.3e-3 .. 7.4e-3 over seeds 0-5; now below 2e-6), so this case fails on the old code.
-    "fresh" is a new draw every session. The gradients on random draws, in float32, are checked
-    in test_attention_backward.py."""
+    """Seed 2 is pinned: a kernel dbeta without the per-row centring and the float32 out is
+    7.4e-3 there (1.3e-3 .. 7.4e-3 over seeds 0-5; below 2e-6 with them), so this case fails
+    without either. "fresh" is a new draw every session. The gradients on random draws, in
+    float32, are checked in test_backward.py."""
     _check(FPA_NAMES, _fpa_errors(2 if seed == 2 else case_seed(1601)))
 
 

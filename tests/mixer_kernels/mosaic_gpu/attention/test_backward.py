@@ -181,8 +181,9 @@ def test_fpa_gradients(case):
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", [jnp.bfloat16])  # float16 rounds finer: bf16 is the bar
 def test_fox_half_precision_log_forget(dtype):
-    """Issue 16: half-precision d log_forget (and dq, dk, dv) within 5e-3 of float32 from the
-    same rounded inputs."""
+    """The FoX backward kernels in half precision: d log_forget (the reverse cumulative sum of
+    the row and column bias gradients) and dq, dk, dv within 5e-3 of float32 from the same
+    rounded inputs."""
     seed = case_seed(400)
     batch, length, heads = 1, 128, 2
     q, k, v, dout = _qkv(seed, (batch, length, heads, 64), dtype)
