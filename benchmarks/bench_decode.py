@@ -43,6 +43,7 @@ import numpy as np  # noqa: E402
 from flax import linen as nn  # noqa: E402
 
 from fpa_jax.decode import slots  # noqa: E402
+from train.core.mixers import layer_kinds  # noqa: E402
 from train.generate import mixers  # noqa: E402
 from train.generate.driver import Generator  # noqa: E402
 from train.generate.eviction_study import masked_loss  # noqa: E402
@@ -168,8 +169,7 @@ def decode_rows(source: Source, contexts, evict_below, steps, seed):
 
 
 def _kind(config) -> str:
-    kinds = set(config.layer_kinds())
-    return "+".join(sorted(config.attention.kind if k == "attention" else k for k in kinds))
+    return "+".join(sorted(set(layer_kinds(config))))
 
 
 # ------------------------------------------------------------------------------ tables
@@ -221,7 +221,7 @@ def main(argv=None) -> int:
         print(EVICTION_HEADER, flush=True)
         for source in sources:
             if source.config.attention.kind in ("fpa", "fox") and "attention" in \
-                    source.config.layer_kinds():
+                    source.config.layer_sections():
                 eviction += eviction_rows(source, args.contexts, args.evict_below,
                                           args.loss_batch, args.seed)
     if not args.skip_decode:

@@ -14,6 +14,12 @@
     bench CONFIG [key=value ...]    tokens/s and peak memory of the train step
     config CONFIG [key=value ...]   the resolved config (YAML) and its differences from the preset
     main [key=value ...]            the tiny FPA preset end to end, with a summary table
+    export RUN --out DIR            a run's checkpoint as safetensors + config.json (fla layout,
+                                    or --format fpa-torch; train/tools/export.py)
+    generate RUN --prompt TEXT      sample a continuation from a run's checkpoint (cached
+                                    decoding, train/generate/)
+    probe TASK [key=value ...]      synthetic-task probes over many seeds (`probe list`, `probe
+                                    --help`; train/probes/cli.py)
 
 Run directory of fit/cpt/main: --run-dir, else train.run_dir, else runs/<config>[-<hash of the
 overrides>] (train/core/runs.py), so re-running a command resumes its run; --new starts another.
@@ -35,14 +41,14 @@ Exit codes:
 -v prints the traceback before the `error:` line and keeps these codes. argparse refusals are
 one line too (`error: python -m train eval: argument --seq-len: ...`); key=value overrides may
 follow options. A genuine bug is not caught: Python prints its traceback and exits 1.
+
+The codes, UserError and the one-line parser are defined in train/core/errors.py (re-exported
+here), so that commands below this package (`probe`'s train/probes/cli.py,
+`python -m train.experiments.lm_compare`) use the same ones.
 """
 
-EXIT_ERROR = 1
-EXIT_USAGE = 2
-EXIT_DIVERGED = 3
-EXIT_PREEMPTED = 75
-EXIT_INTERRUPTED = 130
+from train.core.errors import (EXIT_DIVERGED, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_PREEMPTED,
+                               EXIT_USAGE, OneLineParser, UserError, print_error)
 
-
-class UserError(Exception):
-    """A mistake on the command line or in its inputs: printed as one `error:` line."""
+__all__ = ["EXIT_DIVERGED", "EXIT_ERROR", "EXIT_INTERRUPTED", "EXIT_PREEMPTED", "EXIT_USAGE",
+           "OneLineParser", "UserError", "print_error"]

@@ -14,7 +14,7 @@ import threading
 import traceback
 
 from train.cli import (EXIT_DIVERGED, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_PREEMPTED, EXIT_USAGE,
-                       UserError)
+                       OneLineParser, UserError)
 from train.cli.bench import add_bench_command
 from train.cli.config import add_config_command
 from train.cli.cpt import add_cpt_command
@@ -60,14 +60,6 @@ def _sigterm_unwinds():
         signal.signal(signal.SIGTERM, previous)
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse whose refusals are one line, `error: ...`, exit 2 (the usage block is left to
-    --help); the subcommands' parsers are of this class too."""
-
-    def error(self, message: str):
-        self.exit(EXIT_USAGE, f"error: {self.prog}: {message} (see {self.prog} --help)\n")
-
-
 def _parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
     """Options and key=value overrides in any order: an override after an option (`fit
     tiny_fpa --run-dir R optim.lr=1e-3`) joins the others."""
@@ -84,7 +76,7 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+    parser = OneLineParser(
         prog="python -m train",
         description="Train, evaluate and benchmark FPA / GatedDeltaNet language models.",
         epilog="Configs are YAML presets (configs/*.yaml, or a path) with dotted key=value "
@@ -154,5 +146,6 @@ def main(argv: list[str] | None = None) -> int:
             raise
         what = "malformed YAML: " if isinstance(error, YAMLError) else ""
         code = (EXIT_USAGE if isinstance(error, (ConfigError, YAMLError)) else
-                EXIT_DIVERGED if isinstance(error, DivergenceError) else EXIT_ERROR)
+                EXIT_DIVERGED if isinstance(error, DivergenceError) else
+                error.code if isinstance(error, UserError) else EXIT_ERROR)
         return _reported(args, f"error: {what}{' '.join(str(error).split())}", code)

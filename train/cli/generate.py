@@ -25,6 +25,7 @@ import numpy as np
 
 from train.cli import UserError
 from train.cli.common import int_at_least
+from train.core.mixers import MIXERS, layer_kinds
 from train.generate.driver import Generator, planned_capacity
 from train.generate.lm import Decoder
 from train.generate.loading import load
@@ -128,22 +129,23 @@ class _Streamer:
 
 def _long_context_warning(config, batch: int, prompt_tokens: int, new_tokens: int) -> str | None:
     """The `warning:` line for a generation far beyond the training length, else None. The
-    cache size: keys and values of every attention layer at the power of two of slots that
-    holds every token (train/generate/driver.py; eviction can keep it smaller)."""
+    cache size: keys and values of every layer with a key-value cache (`MixerSpec.kv_width`)
+    at the power of two of slots that holds every token (train/generate/driver.py; eviction
+    can keep it smaller)."""
     total, trained = prompt_tokens + new_tokens, config.data.seq_len
     if total <= LONG_CONTEXT_FACTOR * trained:
         return None
-    layers = config.layer_kinds().count("attention")
-    if layers:
-        a = config.attention
+    specs = [MIXERS[kind] for kind in layer_kinds(config)]
+    widths = [spec.kv_width(config) for spec in specs if not spec.recurrent]
+    if widths:
         slots = planned_capacity(total, 0, headroom=0, fresh=True)
-        size = (layers * batch * slots * a.num_heads * 2 * a.head_dim
-                * jnp.dtype(config.model.dtype).itemsize)
-        caches = (f"the attention caches grow to up to {slots} slots per head in {layers} "
+        size = sum(widths) * batch * slots * jnp.dtype(config.model.dtype).itemsize
+        caches = (f"the attention caches grow to up to {slots} slots per head in {len(widths)} "
                   f"layer(s), about {size / 2**20:,.1f} MiB of keys and values for {batch} "
                   f"row(s) (less where eviction frees slots)")
     else:
-        caches = "the GatedDeltaNet state stays its fixed size"
+        titles = " / ".join(dict.fromkeys(spec.title for spec in specs))
+        caches = f"the {titles} state stays its fixed size"
     return (f"warning: prompt ({prompt_tokens} tokens) + --max-new-tokens {new_tokens} = "
             f"{total} tokens, more than {LONG_CONTEXT_FACTOR}x the length this model was "
             f"trained at (data.seq_len={trained}): quality there is untested; {caches}")

@@ -177,8 +177,9 @@ class Config:
     train: TrainConfig = TrainConfig()
     cpt: CPTConfig = CPTConfig()
 
-    def layer_kinds(self) -> tuple[str, ...]:
-        """One of "attention" | "gdn" per layer, from the tiled pattern."""
+    def layer_sections(self) -> tuple[str, ...]:
+        """The config section of every layer's mixer, "attention" | "gdn", from the tiled
+        pattern (the mixer kinds: train/core/mixers.py `layer_kinds`)."""
         repeats = self.model.num_layers // len(self.model.pattern)
         return tuple(MIXER_LETTERS[letter] for letter in self.model.pattern * repeats)
 

@@ -4,14 +4,17 @@ Kinds: the attention variants that `attention.kind` names (fpa, fox, softmax, se
 and gdn (GatedDeltaNet). A layer's kind follows its letter of `model.pattern`: A is
 attention.kind, G is gdn (`layer_kinds`). What the trainer knows of a kind, it asks its spec:
 
-    section          the config section of its options ("attention" | "gdn"), the layer kind
-                     of `Config.layer_kinds`; title: its name in messages
+    section          the config section of its options ("attention" | "gdn"), the layer's
+                     entry in `Config.layer_sections`; title: its name in messages
     build(config, layer_index, *, name, dtype, param_dtype)
                      the Flax mixer, called as mixer(x [B, T, D], *, segment_ids, positions)
     op_name(config, layer_index)
                      the op that mixer calls; `implementation` is checked against its registry
     options          attention fields this kind reads beyond the common ones (a kind whose
                      options do not name a field must leave it at its default)
+    positions        the attention.position values it accepts (its `check` refuses the others;
+                     () for gdn, which has none); "rope" among them: it can rotate q and k by
+                     RoPE (attention.rope_base), the positions `cpt.positions` extends
     check(config)    ConfigError naming the key for an impossible setting of its options
     check_context(config)
                      the same with mesh.context > 1; None: the kind has no context-parallel path
@@ -24,12 +27,19 @@ attention.kind, G is gdn (`layer_kinds`). What the trainer knows of a kind, it a
     export_names     flax leaf path below a layer's "mixer" -> (fla suffix below "attn.",
                      layout of to_torch in train/tools/export.py)
     decoding         MixerDecoding (check, prefill, step) for train/generate; None: no cache
+    kv_width(config) values per token and row that a cache of its keys and values holds (its
+                     decoding cache grows with the context; eviction and windows drop keys);
+                     None: `recurrent`, a state of a fixed size and no per-token keys
+    transition       (mixer, params, x [B, T, D]) -> (log_alpha, beta, keys) of its gated delta
+                     rule's transition, what `spectra` measures (gdn_jax/diagnostics.py); None:
+                     no such transition
 
 Per layer and token with T = data.seq_len and C = the delta rule's chunk (GDN_CHUNK):
 
     attention  flops  3 H (D_qk + D_v) (T + 1)    (D_qk = 0 for FPA without content)
                width  (4 + 2 (context - 1)) H Dh  (q, k, v, out; with context > 1 the other
                                                    devices' k, v blocks of the ring backward)
+               kv_width  2 H Dh                   (a key and a value per head)
     gdn        flops  3 HV (6 K V + (2 K + V) (C + 1))
                width  4 H K + 5 HV V, plus HV K V float32 values per chunk where the op
                       keeps its chunk-entering states (`_gdn_width`)
@@ -51,6 +61,7 @@ from fpa_jax.decode import layers as attention_decoding
 from fpa_jax.layers.fpa import fpa_op_name
 from fpa_jax.layers.selective import POSITIONS as SELECTIVE_POSITIONS
 from fpa_jax.layers.softmax import POSITIONS as SOFTMAX_POSITIONS
+from gdn_jax.diagnostics import gdn_transition_inputs
 from gdn_jax.layer import GatedDeltaNet
 from gdn_jax.ops import api as gdn_api
 from train.core.config import Config, require
@@ -82,6 +93,7 @@ class MixerSpec:
     build: Callable[..., nn.Module]
     op_name: Callable[[Config, int], str]
     options: tuple[str, ...]
+    positions: tuple[str, ...]
     check: Callable[[Config], None]
     check_context: Callable[[Config], None] | None
     flops_term: str
@@ -89,6 +101,14 @@ class MixerSpec:
     width: Callable[[Config, int], int]
     export_names: Mapping[tuple[str, ...], tuple[str, str]]
     decoding: MixerDecoding | None
+    kv_width: Callable[[Config], int] | None
+    transition: Callable[..., tuple[Any, Any, Any]] | None
+
+    @property
+    def recurrent(self) -> bool:
+        """A fixed-size state instead of per-token keys and values (kv_width is None): no
+        cache that grows with the context, nothing to evict or window."""
+        return self.kv_width is None
 
 
 # ------------------------------------------------------------------------------ attention
@@ -146,14 +166,8 @@ def _check_block_size(config: Config) -> None:
             f"got {size}")
 
 
-def _check_fox(config: Config) -> None:
-    _check_position(("nope",))(config)
-    _check_block_size(config)
-
-
 def _check_fpa(config: Config) -> None:
     a, m = config.attention, config.model
-    _check_position(("nope",))(config)
     _check_block_size(config)
     require(a.tau > 0, f"attention.tau must be > 0, got {a.tau}")
     require(not (a.dip_sum and a.block_size is not None),
@@ -162,7 +176,7 @@ def _check_fpa(config: Config) -> None:
     if a.no_bias_layers:
         require(a.content, "attention.no_bias_layers with attention.content=false leaves those "
                            "layers no attention logits (no bias, no q.k)")
-        sections = config.layer_kinds()
+        sections = config.layer_sections()
         for index in a.no_bias_layers:
             require(0 <= index < m.num_layers,
                     f"attention.no_bias_layers: layer {index} out of range [0, {m.num_layers})")
@@ -173,7 +187,6 @@ def _check_fpa(config: Config) -> None:
 
 def _check_softmax(config: Config) -> None:
     a = config.attention
-    _check_position(SOFTMAX_POSITIONS)(config)
     _check_block_size(config)
     if a.yarn_factor:
         require(a.position == "rope",
@@ -209,6 +222,10 @@ def _attention_width(config: Config, context: int) -> int:
     return (4 + 2 * (context - 1)) * config.attention.num_heads * config.attention.head_dim
 
 
+def _attention_kv_width(config: Config) -> int:
+    return 2 * config.attention.num_heads * config.attention.head_dim
+
+
 ATTENTION_NAMES = MappingProxyType({
     ("query", "kernel"): ("q_proj.weight", "heads_in"),
     ("key", "kernel"): ("k_proj.weight", "heads_in"),
@@ -229,17 +246,30 @@ SLOT_DECODING = MixerDecoding(check=attention_decoding.check_supported,
                               prefill=attention_decoding.prefill, step=attention_decoding.step)
 
 
+def _no_check(_) -> None:
+    """Nothing to refuse."""
+
+
 def _attention(title: str, build: Callable[..., nn.Module], op_name: str | Callable,
-               check: Callable[[Config], None], *, options: tuple[str, ...] = (),
-               flops: Callable[[Config], int] = _attention_flops, ring: bool = False,
-               decodes: bool = False) -> MixerSpec:
-    """The spec of an attention kind; op_name: a name, or (config, layer_index) -> name."""
+               positions: tuple[str, ...], check: Callable[[Config], None] = _no_check, *,
+               options: tuple[str, ...] = (), flops: Callable[[Config], int] = _attention_flops,
+               ring: bool = False, decodes: bool = False) -> MixerSpec:
+    """The spec of an attention kind; op_name: a name, or (config, layer_index) -> name;
+    check: its own checks, after attention.position's against `positions`."""
+    check_position = _check_position(positions)
+
+    def check_all(config: Config) -> None:
+        check_position(config)
+        check(config)
+
     return MixerSpec(
         section="attention", title=title, build=build,
         op_name=op_name if callable(op_name) else (lambda config, layer_index: op_name),
-        options=options, check=check, check_context=_check_ring_attention if ring else None,
-        flops_term="attention", flops=flops, width=_attention_width,
-        export_names=ATTENTION_NAMES, decoding=SLOT_DECODING if decodes else None)
+        options=options, positions=positions, check=check_all,
+        check_context=_check_ring_attention if ring else None, flops_term="attention",
+        flops=flops, width=_attention_width, export_names=ATTENTION_NAMES,
+        decoding=SLOT_DECODING if decodes else None, kv_width=_attention_kv_width,
+        transition=None)
 
 
 # ------------------------------------------------------------------------------ Gated DeltaNet
@@ -254,7 +284,7 @@ def _build_gdn(config: Config, layer_index: int, **common) -> nn.Module:
 
 def _check_gdn(config: Config) -> None:
     g, o = config.gdn, config.optim
-    if GDN in config.layer_kinds():
+    if GDN in config.layer_sections():
         num_v_heads = g.num_v_heads or g.num_heads
         require(num_v_heads % g.num_heads == 0,
                 f"gdn.num_v_heads={num_v_heads} must be a multiple of gdn.num_heads={g.num_heads}")
@@ -327,10 +357,6 @@ def _gdn_step(mixer, params, x_t, cache, *, evict_below):
     return mixer.apply({"params": params}, x_t, cache, method="step")
 
 
-def _no_check(_) -> None:
-    """Nothing to refuse."""
-
-
 # ------------------------------------------------------------------------------ the table
 
 MIXERS: Mapping[str, MixerSpec] = MappingProxyType({
@@ -339,23 +365,24 @@ MIXERS: Mapping[str, MixerSpec] = MappingProxyType({
         lambda config, layer_index: fpa_op_name(
             use_bias=layer_index not in config.attention.no_bias_layers,
             dip_sum=config.attention.dip_sum),
-        _check_fpa, flops=_fpa_flops, ring=True, decodes=True,
+        ("nope",), _check_fpa, flops=_fpa_flops, ring=True, decodes=True,
         options=("stack_form", "key_level", "query_level", "content", "dip_sum", "tau",
                  "no_bias_layers", "block_size")),
-    "fox": _attention("FoX", _build_fox, "fox_attention", _check_fox, ring=True, decodes=True,
-                      options=("block_size",)),
-    "softmax": _attention("softmax", _build_softmax, "softmax_attention", _check_softmax,
-                          ring=True, decodes=True, options=("yarn_factor", "block_size")),
+    "fox": _attention("FoX", _build_fox, "fox_attention", ("nope",), _check_block_size,
+                      ring=True, decodes=True, options=("block_size",)),
+    "softmax": _attention("softmax", _build_softmax, "softmax_attention", SOFTMAX_POSITIONS,
+                          _check_softmax, ring=True, decodes=True,
+                          options=("yarn_factor", "block_size")),
     "selective": _attention("selective", _build_selective, "selective_attention",
-                            _check_position(SELECTIVE_POSITIONS)),
-    "dcp": _attention("DCP", _builder(layers.DCPAttention), "dcp_attention",
-                      _check_position(("nope",))),
+                            SELECTIVE_POSITIONS),
+    "dcp": _attention("DCP", _builder(layers.DCPAttention), "dcp_attention", ("nope",)),
     GDN: MixerSpec(
         section=GDN, title="Gated DeltaNet", build=_build_gdn,
-        op_name=lambda config, layer_index: gdn_api.REGISTRY.op_name, options=(),
+        op_name=lambda config, layer_index: gdn_api.REGISTRY.op_name, options=(), positions=(),
         check=_check_gdn, check_context=_no_check, flops_term="recurrence", flops=_gdn_flops,
         width=_gdn_width, export_names=GDN_NAMES,
-        decoding=MixerDecoding(check=_no_check, prefill=_gdn_prefill, step=_gdn_step)),
+        decoding=MixerDecoding(check=_no_check, prefill=_gdn_prefill, step=_gdn_step),
+        kv_width=None, transition=gdn_transition_inputs),
 })
 
 ATTENTION_KINDS = tuple(kind for kind, spec in MIXERS.items() if spec.section == "attention")
@@ -372,7 +399,7 @@ def configured_kinds(config: Config) -> tuple[str, str]:
 def layer_kinds(config: Config) -> tuple[str, ...]:
     """The mixer kind of every layer (attention.kind for an A of the pattern, "gdn" for a G);
     ValueError for an attention.kind without a spec."""
-    sections = config.layer_kinds()
+    sections = config.layer_sections()
     kinds = tuple(config.attention.kind if section == "attention" else section
                   for section in sections)
     for section, kind in zip(sections, kinds):

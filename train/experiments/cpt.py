@@ -42,6 +42,7 @@ from train.checkpoint.manager import RestoredCheckpoint
 from train.core.config import Config, ConfigError
 from train.core.fit import FitHooks, FitResult, RunSetupError, fit
 from train.core.metrics import progress_line
+from train.core.mixers import MIXERS
 from train.core.presets import config_from_dict
 from train.core.runs import checkpoint_steps, load_run, restore_run_state
 from train.core.session import Session, build_session
@@ -94,15 +95,17 @@ def extended_attention(config: Config, reference_config: Config, ratio: float) -
                           f"positions={method!r}")
     if method == "keep":
         return config
-    if "attention" not in config.layer_kinds():
+    if "attention" not in config.layer_sections():
         raise ConfigError(f"cpt.positions={method}: the model has no attention layers "
                           f"(model.pattern={config.model.pattern!r}); use keep")
     allowed = ("rope", "nope") if method == "drope" else ("rope",)
-    if ref.kind not in ("softmax", "selective") or ref.position not in allowed or (
-            method == "yarn" and ref.kind != "softmax"):
+    # the kinds that can rotate by RoPE (and, for yarn, read attention.yarn_factor)
+    rope_kinds = tuple(kind for kind, spec in MIXERS.items() if "rope" in spec.positions
+                       and (method != "yarn" or "yarn_factor" in spec.options))
+    if ref.kind not in rope_kinds or ref.position not in allowed:
         raise ConfigError(
             f"cpt.positions={method}: needs the reference run's attention to use RoPE "
-            f"({'softmax' if method == 'yarn' else 'softmax or selective'} with position=rope), "
+            f"({' or '.join(rope_kinds)} with position=rope), "
             f"got kind={ref.kind!r}, position={ref.position!r}")
     fields = {name: getattr(ref, name) for name in POSITION_FIELDS}
     if method == "abf":

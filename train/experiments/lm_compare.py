@@ -27,6 +27,10 @@ tokens and budget, then evaluate it at and beyond the training length.
                 per-document held-out losses), DIR/lm_compare.md (the table, then the
                 comparison with FoX), DIR/lm_compare.png (three panels);
                 RUNS_DIR/<model>/long-eval/ the long_eval heatmap and position-loss PNGs
+    exit        0 done; a mistake is one `error:` line with the codes of `python -m train`
+                (train/core/errors.py): 2 for the command line, a config or --merge rows
+                that cannot be merged, 1 for a missing file or an unreadable --merge input,
+                75 when a signal stopped training (re-run the same command to resume)
 """
 
 from __future__ import annotations
@@ -38,6 +42,8 @@ import time
 from pathlib import Path
 
 from train.core.config import ConfigError
+from train.core.errors import (EXIT_PREEMPTED, EXIT_USAGE, OneLineParser, UserError,
+                               print_error)
 
 MODELS = ("fpa", "fox", "softmax_rope", "selective_rope", "gdn", "hybrid")
 SIZES = ("cpu", "h200")
@@ -234,7 +240,7 @@ def plot(rows: list[dict], path: Path) -> None:
 
 
 def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="python -m train.experiments.lm_compare",
         description="Train FPA, FoX, softmax-RoPE, GDN and a GDN+FPA hybrid on the same data "
                     "and tokens; one table of held-out loss, per-position loss to 4L and "
@@ -274,9 +280,16 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command (module doc): its exit code; a UserError is its one `error:` line."""
     args = parse_arguments(argv)
-    if args.merge:
-        return merge(args.merge, Path(args.out))
+    try:
+        return merge(args.merge, Path(args.out)) if args.merge else compare(args)
+    except UserError as error:
+        return print_error(error, error.code)
+
+
+def compare(args: argparse.Namespace) -> int:
+    """Train and evaluate args.models, then write the tables (module doc)."""
     out = Path(args.out or f"runs/lm_compare-{args.size}")
     out.mkdir(parents=True, exist_ok=True)
     runs_dir = Path(args.runs_dir) if args.runs_dir else out / "runs"
@@ -286,13 +299,13 @@ def main(argv: list[str] | None = None) -> int:
         for model in args.models:
             row = compare_model(args.size, model, runs_dir, args.overrides, args.samples)
             if row is None:
-                print(f"error: {model}: stopped by a signal; re-run the same command to resume",
-                      file=sys.stderr)
-                return 75
+                return print_error(f"{model}: stopped by a signal; re-run the same command to "
+                                   f"resume", EXIT_PREEMPTED)
             rows.append(row)
-    except (ConfigError, FileNotFoundError) as error:
-        print(f"error: {' '.join(str(error).split())}", file=sys.stderr)
-        return 2 if isinstance(error, ConfigError) else 1
+    except ConfigError as error:
+        raise UserError(str(error), EXIT_USAGE) from None
+    except FileNotFoundError as error:
+        raise UserError(str(error)) from None
     (out / "lm_compare.json").write_text(json.dumps(
         {"size": args.size, "overrides": args.overrides, "rows": rows,
          "wall_seconds": round(time.perf_counter() - started, 1)}, indent=1) + "\n")
@@ -313,27 +326,24 @@ def write_tables(rows: list[dict], size: str, out: Path) -> None:
 
 def merge(paths: list[str], out: Path) -> int:
     """--merge: the rows of earlier runs' lm_compare.json in one table (models in the order
-    given; a model given twice is an error)."""
+    given; a model given twice is an error, a UserError like an unreadable file)."""
     rows, sizes = [], set()
     for path in paths:
         try:
             data = json.loads(Path(path).read_text())
         except (OSError, json.JSONDecodeError) as error:
-            print(f"error: --merge: cannot read {path}: {error}", file=sys.stderr)
-            return 1
+            raise UserError(f"--merge: cannot read {path}: {error}") from None
         sizes.add(data["size"])
         rows.extend(data["rows"])
     names = [row["model"] for row in rows]
     if len(set(names)) != len(names) or len(sizes) != 1:
-        print(f"error: --merge: expected each model once and one size, got models {names} "
-              f"and sizes {sorted(sizes)}", file=sys.stderr)
-        return 2
+        raise UserError(f"--merge: expected each model once and one size, got models {names} "
+                        f"and sizes {sorted(sizes)}", EXIT_USAGE)
     out.mkdir(parents=True, exist_ok=True)
     try:
         write_tables(rows, sizes.pop(), out)
     except ValueError as error:
-        print(f"error: --merge: {error}", file=sys.stderr)
-        return 2
+        raise UserError(f"--merge: {error}", EXIT_USAGE) from None
     return 0
 
 

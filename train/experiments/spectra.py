@@ -32,8 +32,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gdn_jax.diagnostics import (gdn_transition_inputs, plot_decay_spectra, slow_mode_summary,
-                                 transition_spectrum, write_energy)
+from gdn_jax.diagnostics import (plot_decay_spectra, slow_mode_summary, transition_spectrum,
+                                 write_energy)
+from train.core.mixers import MIXERS, layer_kinds, layer_spec
 from train.core.model import build_mixer, build_model
 
 NEEDLE = " the key is 7413. "
@@ -108,18 +109,26 @@ def _layer_number(name: str) -> int:
     return int(name.split("_")[1])
 
 
+def transition_layers(config) -> list[str]:
+    """"layers_i" of every layer whose mixer has a delta-rule transition to measure
+    (`MixerSpec.transition`: the GatedDeltaNet layers)."""
+    return [f"layers_{index}" for index, kind in enumerate(layer_kinds(config))
+            if MIXERS[kind].transition is not None]
+
+
 def run_spectra(config, params, tokens: np.ndarray, *, needle_position: int,
                 distances: Sequence[int]) -> tuple[dict[str, Any], dict[str, Any]]:
     """(summary dict, {layer: first sample's TransitionSpectrum}) for a model and its inputs."""
     vocab = params["embed"]["embedding"].shape[0]
     model = build_model(config, vocab)
     inputs = mixer_inputs(model, params, tokens)
-    gdn_layers = [f"layers_{i}" for i, kind in enumerate(config.layer_kinds()) if kind == "gdn"]
+    gdn_layers = transition_layers(config)
     per_sample, first = [], {}
     layers: dict[str, Any] = {}
     for name in gdn_layers:
         module = build_mixer(config, _layer_number(name), name=None)
-        log_alpha, beta, keys = gdn_transition_inputs(module, params[name]["mixer"], inputs[name])
+        transition = layer_spec(config, _layer_number(name)).transition
+        log_alpha, beta, keys = transition(module, params[name]["mixer"], inputs[name])
         spectra = [transition_spectrum(log_alpha[b], beta[b], keys[b], start=needle_position,
                                        distances=distances) for b in range(tokens.shape[0])]
         first[name] = spectra[0]
@@ -164,7 +173,7 @@ def spectra(run_dir: str | Path, *, step: int | None = None,
     if num_samples < 1:
         raise ValueError(f"num_samples: expected >= 1, got {num_samples}")
     config, tokenizer = load_run(run_dir)
-    if "gdn" not in config.layer_kinds():
+    if not transition_layers(config):
         raise ValueError(f"{run_dir}: the model has no GatedDeltaNet layers "
                          f"(model.pattern={config.model.pattern!r})")
     session = build_session(config, tokenizer.vocab_size)

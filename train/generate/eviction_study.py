@@ -24,7 +24,8 @@ one head at a time and one block of Bq = min(block, T) queries t0 <= t < t0 + Bq
 
 T is padded to a multiple of Bq at the end; padded keys follow every real query, so the causal
 mask hides them, and padded query rows are dropped. Pairs across documents hold meaningless
-bias values and are masked. GatedDeltaNet layers run their parallel forward.
+bias values and are masked. Recurrent layers (GatedDeltaNet: `MixerSpec.recurrent`, no
+per-token keys) run their parallel forward.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from fpa_jax.fpa.decoding import dip_sums_through_block
 from fpa_jax.fpa.blocks import BIG
 from fpa_jax.fpa.checks import require_positive_int
 from fpa_jax.layers import common
-from gdn_jax.layer import GatedDeltaNet
+from train.core.mixers import layer_spec
 
 DEFAULT_BLOCK = 128
 MODES = ("full", "evict", "window")
@@ -180,9 +181,10 @@ def masked_attention(layer, params, x, segment_ids, mode, evict_below, window, *
 def masked_logits(decoder, params, tokens, segment_ids, mode, evict_below, window, *,
                   block=DEFAULT_BLOCK):
     """(logits [B, T, V], (kept, causal) counts [B, T] of each evicting layer)."""
+    config = decoder.model.config
 
     def mixer_call(index, mixer, mixer_params, h):
-        if isinstance(mixer, GatedDeltaNet):
+        if layer_spec(config, index).recurrent:         # no keys to mask: its parallel forward
             return mixer.apply({"params": mixer_params}, h, segment_ids=segment_ids), None
         y, counts = masked_attention(mixer, mixer_params, h, segment_ids, mode, evict_below,
                                      window, block=block)

@@ -7,7 +7,7 @@ of the default. A task may set its own ProbeConfig defaults (two_walks: num_head
 head_dim=2); keys on the command line override them. The reference (default: fpa when it is
 among the methods, else the first method) must be one of the methods: a reference that is not
 run is refused, since no p-value could be computed. A mistake prints one `error:` line and
-exits 2. `python -m train probe list` prints the tasks, their sizes and the methods;
+exits 2 (EXIT_USAGE, train/core/errors.py). `python -m train probe list` prints the tasks, their sizes and the methods;
 `probe plot PATH ... [out=PNG] [columns=N]` draws every seed's final accuracy of the probe.json
 files given (a folder: its */probe.json) into one PNG (report.plot_per_seed);
 `probe --help` the keys and their defaults, `probe TASK --help` one task's (both generated from
@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import sys
 import textwrap
 import time
 from pathlib import Path
 
+from train.core.errors import EXIT_USAGE, print_error
 from train.core.metrics import progress_line
 from train.probes.model import METHODS
 from train.probes.report import (find_results, format_table, load_result, plot_per_seed,
@@ -197,8 +197,7 @@ def plot_main(argv: list[str]) -> int:
         out = out or (first if first.is_dir() else first.parent) / PLOT_DEFAULT
         written = plot_per_seed(results, out, columns=columns)
     except ValueError as error:
-        print(f"error: probe plot: {' '.join(str(error).split())}", file=sys.stderr)
-        return 2
+        return print_error(f"probe plot: {error}", EXIT_USAGE)
     print(f"{len(results)} results; written: {written}")
     return 0
 
@@ -218,8 +217,7 @@ def main(argv: list[str]) -> int:
         try:
             print(task_help(argv[0]))
         except ValueError as error:
-            print(f"error: probe: {' '.join(str(error).split())}", file=sys.stderr)
-            return 2
+            return print_error(f"probe: {error}", EXIT_USAGE)
         return 0
     if argv[:1] == ["list"]:
         for name, task in TASKS.items():
@@ -234,8 +232,7 @@ def main(argv: list[str]) -> int:
                            progress=progress_line,
                            after_method=lambda partial: write_outputs(partial, out))
     except (ValueError, TypeError) as error:
-        print(f"error: probe: {' '.join(str(error).split())}", file=sys.stderr)
-        return 2
+        return print_error(f"probe: {error}", EXIT_USAGE)
     paths = write_outputs(result, out)
     print(format_table(result))
     if not result["fisher"]:

@@ -1,1 +1,1 @@
-"""Tools around trained runs: benchmark, profile traces, plots, memory check, export."""
+"""Tools around trained runs: benchmark, profile traces, plots, export."""

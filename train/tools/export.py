@@ -187,7 +187,7 @@ def _gdn_config(config: Config) -> dict[str, Any]:
 
 def fla_config(config: Config, vocab_size: int) -> dict[str, Any]:
     """config.json contents in fla's layout (or this project's fpa_transformer for FPA)."""
-    kinds = config.layer_kinds()
+    kinds = config.layer_sections()
     a = config.attention
     attention_layers = [i for i, kind in enumerate(kinds) if kind == "attention"]
     base = _common_config(config, vocab_size)
@@ -236,7 +236,7 @@ def fpa_torch_config(config: Config, vocab_size: int) -> dict[str, Any]:
     if config.attention.kind != "fpa":
         raise ExportError(f"attention.kind={config.attention.kind!r}: format 'fpa-torch' is for "
                           f"FPA models; use format 'fla'")
-    if "gdn" in config.layer_kinds():
+    if "gdn" in config.layer_sections():
         raise ExportError(f"model.pattern={config.model.pattern!r}: format 'fpa-torch' has no "
                           f"Gated DeltaNet layer in its PyTorch model; use format 'fla'")
     if config.model.moe_experts:
@@ -439,7 +439,7 @@ def model_config_dict(config: Config) -> dict[str, Any]:
     for re-import: the model section, the sections of the mixer kinds its layers use and the
     trained context length (no data source, optimizer, mesh or schedule)."""
     full = config.to_dict()
-    kinds = set(config.layer_kinds())
+    kinds = set(config.layer_sections())
     embedded = {"name": full["name"], "model": full["model"]}
     embedded.update({kind: full[kind] for kind in ("attention", "gdn") if kind in kinds})
     embedded["data"] = {"seq_len": config.data.seq_len}

@@ -106,7 +106,7 @@ def expected_layout(config: Config, vocab_size: int) -> dict[str, tuple[int, ...
     table = dict(MODEL_TENSORS)
     if not config.model.tie_embeddings:
         table.update(UNTIED_HEAD)
-    for index, kind in enumerate(config.layer_kinds()):
+    for index, kind in enumerate(config.layer_sections()):
         if kind == "gdn":
             mixer = GDN_TENSORS
         elif config.attention.kind == "fpa":

@@ -75,3 +75,26 @@ def test_generate_help_shows_every_default():
         if action.default in (None, argparse.SUPPRESS) or not action.option_strings:
             continue
         assert f"default: {action.default})" in text, action.option_strings
+
+
+def test_long_context_warning_sizes_the_key_value_caches_of_the_attention_layers():
+    """Far beyond data.seq_len the warning names the key-value caches (2 H Dh values per token
+    of every attention layer, at a power of two of slots), or the fixed-size recurrent state
+    of a model without them; within LONG_CONTEXT_FACTOR x seq_len, nothing."""
+    from train.cli.generate import LONG_CONTEXT_FACTOR, _long_context_warning
+    from train.core.presets import load_config
+    from train.generate.driver import planned_capacity
+
+    hybrid = load_config("tiny_hybrid", ["data.seq_len=64", "model.dtype=float32"])
+    a, trained = hybrid.attention, LONG_CONTEXT_FACTOR * 64
+    assert _long_context_warning(hybrid, 2, trained - 8, 8) is None
+    warning = _long_context_warning(hybrid, 2, trained, 8)
+    attention_layers = hybrid.layer_sections().count("attention")
+    slots = planned_capacity(trained + 8, 0, headroom=0, fresh=True)
+    mib = attention_layers * 2 * slots * a.num_heads * 2 * a.head_dim * 4 / 2**20
+    assert warning.startswith("warning: prompt") and (
+        f"up to {slots} slots per head in {attention_layers} layer(s), about {mib:,.1f} MiB"
+        in warning), warning
+    gdn = load_config("tiny_fpa", ["model.pattern=G", "data.seq_len=64"])
+    assert _long_context_warning(gdn, 1, trained, 8).endswith(
+        "the Gated DeltaNet state stays its fixed size")

@@ -20,7 +20,7 @@ def test_required_presets_exist():
 def test_every_preset_validates(preset):
     config = load_config(preset)
     assert config.name == preset
-    assert len(config.layer_kinds()) == config.model.num_layers
+    assert len(config.layer_sections()) == config.model.num_layers
 
 
 @pytest.mark.parametrize("preset,kind,position", [
@@ -31,14 +31,14 @@ def test_paper_sized_attention_presets(preset, kind, position):
     assert (config.model.num_layers, config.model.d_model) == (12, 768)
     assert (config.attention.num_heads, config.attention.head_dim) == (12, 64)
     assert (config.attention.kind, config.attention.position) == (kind, position)
-    assert set(config.layer_kinds()) == {"attention"}
+    assert set(config.layer_sections()) == {"attention"}
 
 
 def test_gdn_and_hybrid_presets_have_their_mixers():
-    assert set(load_config("gdn_125m").layer_kinds()) == {"gdn"}
-    hybrid = load_config("hybrid_125m").layer_kinds()
+    assert set(load_config("gdn_125m").layer_sections()) == {"gdn"}
+    hybrid = load_config("hybrid_125m").layer_sections()
     assert hybrid.count("gdn") == 9 and hybrid.count("attention") == 3
-    assert load_config("tiny_hybrid").layer_kinds() == ("gdn", "gdn", "gdn", "attention")
+    assert load_config("tiny_hybrid").layer_sections() == ("gdn", "gdn", "gdn", "attention")
 
 
 def test_overrides_are_dotted_and_typed():
@@ -51,7 +51,7 @@ def test_overrides_are_dotted_and_typed():
     assert config.attention.no_bias_layers == (1,)
     assert config.model.tie_embeddings is False
     assert config.attention.implementation == "xla"
-    assert config.layer_kinds() == ("gdn", "attention", "gdn", "attention")
+    assert config.layer_sections() == ("gdn", "attention", "gdn", "attention")
     # the preset file itself is untouched by overrides
     assert load_config("tiny_fpa").model.num_layers == 2
 

@@ -149,3 +149,28 @@ def test_gdn_width_counts_chunk_states_only_where_the_op_keeps_them(monkeypatch)
     assert widths[True] - widths[False] == states > 0
     assert widths[None] == widths[True]
     assert asked == [(g.implementation, 16, mixers.GDN_CHUNK)] * 3
+
+
+def test_positions_kv_caches_and_transitions_are_the_layers_own():
+    """positions: what each layer module accepts (fpa_jax's POSITIONS, NoPE elsewhere, none for
+    GDN); a key-value cache of 2 H Dh values per token for every attention kind, none for the
+    recurrent GDN; the delta-rule transition (what `spectra` measures) for GDN only."""
+    from fpa_jax.layers.selective import POSITIONS as SELECTIVE
+    from fpa_jax.layers.softmax import POSITIONS as SOFTMAX
+    from gdn_jax.diagnostics import gdn_transition_inputs
+
+    assert {kind: spec.positions for kind, spec in MIXERS.items()} == {
+        "fpa": ("nope",), "fox": ("nope",), "softmax": SOFTMAX, "selective": SELECTIVE,
+        "dcp": ("nope",), "gdn": ()}
+    assert [kind for kind, spec in MIXERS.items() if "rope" in spec.positions] == [
+        "softmax", "selective"]
+    config = config_of("fpa", "attention.num_heads=3", "attention.head_dim=8")
+    for kind, spec in MIXERS.items():
+        assert spec.recurrent == (kind == "gdn") == (spec.kv_width is None)
+        if not spec.recurrent:
+            assert spec.kv_width(config) == 2 * 3 * 8
+    assert {kind: spec.transition for kind, spec in MIXERS.items() if spec.transition} == {
+        "gdn": gdn_transition_inputs}
+    with pytest.raises(ConfigError, match=r"attention\.position='alibi' is not available for "
+                                          r"attention\.kind='selective'"):
+        config_of("selective", "attention.position=alibi")

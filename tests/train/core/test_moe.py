@@ -109,7 +109,7 @@ def test_tiny_hybrid_moe_preset_trains_three_steps():
     config = load_config("hybrid_moe_tiny", ["model.num_layers=2", "model.pattern=GA",
                                              "data.seq_len=16", "data.batch_size=2",
                                              "optim.warmup_steps=0"])
-    assert config.model.moe_experts == 4 and config.layer_kinds() == ("gdn", "attention")
+    assert config.model.moe_experts == 4 and config.layer_sections() == ("gdn", "attention")
     session = build_session(config, 257, make_mesh((1, 1, 1), jax.devices()[:1]))
     rng = np.random.default_rng(case_seed(4))
     batch = {"tokens": rng.integers(0, 257, (2, 17), dtype=np.int32),

@@ -52,8 +52,8 @@ def test_every_model_has_a_preset_with_the_same_data_and_budget(size):
                for c in configs.values()}
     assert len(budgets) == 1
     hybrid = configs["hybrid"]
-    assert hybrid.layer_kinds().count("gdn") >= 1
-    assert hybrid.attention.kind == "fpa" and "attention" in hybrid.layer_kinds()
+    assert hybrid.layer_sections().count("gdn") >= 1
+    assert hybrid.attention.kind == "fpa" and "attention" in hybrid.layer_sections()
     assert {c.attention.kind for m, c in configs.items() if m != "gdn"} == {
         "fpa", "fox", "softmax", "selective"}
 

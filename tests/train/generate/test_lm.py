@@ -103,6 +103,21 @@ def test_decoding_with_eviction_equals_the_dense_study_with_those_keys_masked():
                                    err_msg=f"seed {seed}, block {block}")
 
 
+def test_the_full_study_of_a_hybrid_is_the_parallel_forward():
+    """masked_logits in "full" mode keeps every causal key of the attention layer and runs the
+    recurrent GatedDeltaNet layer's parallel forward: the model's own logits; only the
+    attention layer counts keys."""
+    seed = case_seed(34)
+    model, params = tiny_model("hybrid", seed)
+    tokens = jax.random.randint(jax.random.PRNGKey(seed), (2, 7), 0, VOCAB)
+    decoder = Decoder(model, evict_below=None)
+    study, counts = jax.jit(lambda p, t: masked_logits(
+        decoder, p, t, jnp.ones_like(t), "full", None, 0, block=3))(params, tokens)
+    np.testing.assert_allclose(study, parallel_logits(model, params, tokens), atol=1e-4,
+                               rtol=1e-4, err_msg=f"seed {seed}")
+    assert counts == []                         # ALiBi does not evict, GDN has no keys
+
+
 ORACLE_LAYERS = {
     "fpa": FPAAttention(num_heads=2, head_dim=4, implementation="reference"),
     "fpa_query_level": FPAAttention(num_heads=2, head_dim=4, query_level=True,

@@ -99,7 +99,7 @@ def test_config_and_readme(exported):
         assert saved["num_v_heads"] == (g.num_v_heads or g.num_heads)
         assert saved["expand_v"] * g.head_dim == (g.v_head_dim or g.head_dim)
         assert saved["conv_size"] == g.conv_size
-        attention_layers = [i for i, k in enumerate(config.layer_kinds()) if k == "attention"]
+        attention_layers = [i for i, k in enumerate(config.layer_sections()) if k == "attention"]
         if attention_layers:
             assert saved["attn"]["layers"] == attention_layers
             assert saved["attn"]["rope_theta"] == config.attention.rope_base
@@ -210,7 +210,7 @@ def test_embedded_config_holds_only_what_defines_the_model(exported):
     it still rebuilds the same config for the model."""
     config, _, out, _ = exported
     embedded = json.loads((out / export.CONFIG_FILE).read_text())[export.JAX_CONFIG_KEY]["config"]
-    kinds = set(config.layer_kinds())
+    kinds = set(config.layer_sections())
     assert set(embedded) == {"name", "model", "data"} | ({"attention", "gdn"} & kinds)
     assert embedded["data"] == {"seq_len": config.data.seq_len}
     restored, _, _ = export.load_export(out)

@@ -1,8 +1,9 @@
 """Check the memory estimate (train/core/memory.py) against the allocator on a real device.
 
-    python -m train.tools.memory_check --out DIR [--presets tiny_fpa,gdn_125m] [--seq-lens 512,2048]
+    python -m benchmarks.memory_check --out DIR [--presets tiny_fpa,gdn_125m] [--seq-lens 512,2048]
                                  [--batch-sizes 8,32] [--vocab 32768] [--oom-batch 4096]
                                  [--case-timeout 900]
+    (or python benchmarks/memory_check.py ...; from the repository root, or anywhere)
 
 For every (preset, seq_len, batch_size) a fresh subprocess builds the session, estimates, and
 then runs one train step on random tokens (one document per row) and reads the allocator's
@@ -24,6 +25,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+
 
 def _one_case(preset: str, seq_len: int, batch_size: int, vocab: int, enforce: bool) -> dict:
     # deferred: the parent process only starts one subprocess per case and reads its
@@ -75,7 +79,7 @@ def _one_case(preset: str, seq_len: int, batch_size: int, vocab: int, enforce: b
 
 
 def _run_subprocess(preset, seq_len, batch_size, vocab, enforce, timeout) -> dict:
-    command = [sys.executable, "-m", "train.tools.memory_check", "--one",
+    command = [sys.executable, str(Path(__file__).resolve()), "--one",
                json.dumps([preset, seq_len, batch_size, vocab, enforce])]
     try:
         completed = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
@@ -101,7 +105,7 @@ def _size(value) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m train.tools.memory_check", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.memory_check", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", help="directory for memory_check.json")
     parser.add_argument("--presets", default="tiny_fpa,tiny_gdn")
