@@ -56,25 +56,18 @@ from jax import lax
 
 from fpa_jax.baselines import flash_xla
 from fpa_jax.fpa import checks
-from fpa_jax.fpa.blocks import BIG
-from fpa_jax.fpa.padding import pad_time
+from mixer_core.soft_min import BIG
+from mixer_core.padding import pad_time, padded_length
+from mixer_core.shard import bound_axis_size
 
 RING_BLOCK = 64         # query rows per tile (block_size) unless the caller sets it
 MASKED_LOGIT = -1e30   # finite, so fully masked rows (wrapped blocks) stay NaN-free; their merge
                        # weight exp(MASKED_LOGIT - lse) is exactly 0
 
 
-def _axis_size(axis_name):
-    try:
-        return lax.axis_size(axis_name)
-    except NameError as error:
-        raise ValueError(f"axis_name: {axis_name!r} is not a mesh axis bound here; call this "
-                         f"inside jax.shard_map over a mesh with that axis") from error
-
-
 def context_parallel_cumsum(x, *, axis_name):
     """Inclusive cumulative sum over the global time axis: x [B, L, ...] -> float32 [B, L, ...]."""
-    size = _axis_size(axis_name)
+    size = bound_axis_size(axis_name)
     local = jnp.cumsum(x.astype(jnp.float32), axis=1)
     totals = lax.all_gather(local[:, -1], axis_name)                      # [n, B, ...]
     earlier = jnp.arange(size) < lax.axis_index(axis_name)
@@ -175,7 +168,7 @@ def _ring_step(query, keys, valid, *, diagonal, block_size, **options):
     """All local queries against one key block, a query sub-block at a time."""
     length = query["q"].shape[1]
     sub = min(block_size, length)
-    padded = -(-length // sub) * sub
+    padded = padded_length(length, sub)
     count = padded // sub
 
     def split(x):   # [B, L, ...] -> [count, B, sub, ...]
@@ -233,7 +226,7 @@ def ring_fpa_attention(q, k, v, phi, psi, beta, *, axis_name, scale=None, tau=1.
     global fields (see `context_parallel_fields`); beta [H] is replicated. block_size: query
     rows per tile. Math, memory and traffic: module docstring.
     """
-    size = _axis_size(axis_name)
+    size = bound_axis_size(axis_name)
     _check_common(q, k, v, segment_ids, block_size)
     for name, x in (("phi", phi), ("psi", psi)):
         flash_xla.check_per_token(name, x, *q.shape[:3])
@@ -273,7 +266,7 @@ def ring_fox_attention(q, k, v, log_forget, *, axis_name, scale=None, segment_id
     Same result and gradients as `fpa_jax.fox_attention` on the whole sequence; log_forget
     [B, L, H] is this device's slice (its global cumulative sum is taken here).
     """
-    size = _axis_size(axis_name)
+    size = bound_axis_size(axis_name)
     _check_common(q, k, v, segment_ids, block_size)
     flash_xla.check_per_token("log_forget", log_forget, *q.shape[:3])
     cumulative = context_parallel_cumsum(log_forget, axis_name=axis_name)

@@ -3,6 +3,9 @@
 
     state_resets(segment_ids, shape)   [B, T] bool: where the state restarts from zero
     compute_dtype(*arrays)             float32 for 16/32-bit inputs, float64 for float64
+    pair_decay_matrix(gamma_i, gamma_j, same_document)
+                                       Gamma [..., C, C]: exp(gamma_i - gamma_j), i >= j in
+                                       one document, else 0
     unit_lower_inverse(A)              (I + A)^{-1} for strictly lower-triangular A [..., C, C]
 """
 
@@ -29,6 +32,21 @@ def compute_dtype(*arrays):
     """float32 for bf16/f16/f32 inputs; float64 only when an input is float64."""
     present = [x for x in arrays if x is not None]
     return jnp.promote_types(jnp.result_type(*present), jnp.float32)
+
+
+def pair_decay_matrix(gamma_i, gamma_j, same_document=None):
+    """Gamma [..., C, C] of a chunk: Gamma_ij = exp(gamma_i - gamma_j) for i >= j in the same
+    document, 0 otherwise.
+
+    gamma_i, gamma_j [..., C]: the within-chunk cumulative sum of g (along i and along j; the
+    same values). same_document: bool broadcastable to [..., C, C] (tokens i and j lie in one
+    document), or None when the chunk is one document. The exponent is masked to -inf before
+    `exp`, so for g <= 0 only exp(non-positive) is ever evaluated.
+    """
+    chunk = gamma_i.shape[-1]
+    lower = jnp.tril(jnp.ones((chunk, chunk), dtype=bool))
+    mask = lower if same_document is None else lower & same_document
+    return jnp.exp(jnp.where(mask, gamma_i[..., :, None] - gamma_j[..., None, :], -jnp.inf))
 
 
 def unit_lower_inverse(strictly_lower):

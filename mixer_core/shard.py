@@ -136,6 +136,16 @@ def context_size() -> int:
     return mesh.shape[CONTEXT_AXIS]
 
 
+def bound_axis_size(axis_name: str) -> int:
+    """Size of the mesh axis `axis_name` bound by the enclosing `jax.shard_map`; a ValueError
+    naming it when it is not bound here (outside a shard_map, or a mesh without that axis)."""
+    try:
+        return jax.lax.axis_size(axis_name)
+    except NameError as error:
+        raise ValueError(f"axis_name: {axis_name!r} is not a mesh axis bound here; call this "
+                         f"inside jax.shard_map over a mesh with that axis") from error
+
+
 def shard_over_context(op: Callable[..., Any], *arrays: Any, layouts: Sequence[str],
                        out_layouts: str | tuple[str, ...] = "BTHD", **kwargs: Any) -> Any:
     """op(*arrays, **kwargs) per shard of batch, heads and time (T over CONTEXT_AXIS), op being

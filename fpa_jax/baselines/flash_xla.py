@@ -69,8 +69,8 @@ import jax.numpy as jnp
 from jax import lax
 
 from fpa_jax.fpa import checks
-from fpa_jax.fpa.padding import pad_segment_ids
 from fpa_jax.fpa.reference import pair_mask
+from mixer_core.padding import pad_segment_ids, padded_length
 
 DEFAULT_BLOCK_SIZE = 128
 _DEFAULT_QUERY_CHUNKS = 4
@@ -361,7 +361,7 @@ def flash_attention(q, k, v, *, row_bias=None, col_bias=None, scale=None, segmen
     if query_chunk_size is None:
         chunk_rows = _default_query_chunk(num_key_blocks, block_k)
     else:
-        chunk_rows = -(-query_chunk_size // block_k) * block_k
+        chunk_rows = padded_length(query_chunk_size, block_k)
     padded = num_key_blocks * block_k
 
     def to_heads_major(x):  # [B, T, H, ...] -> [B, H, Tp, ...], zero padded

@@ -22,7 +22,7 @@ from typing import NamedTuple
 import jax.numpy as jnp
 from jax import lax
 
-from mixer_core.soft_min import BIG
+from mixer_core.soft_min import BIG, decay
 
 
 
@@ -88,14 +88,13 @@ def field_masses(fb: FieldBlocks, tau):
     later = _later(n)  # [s, u]
     upto = ~later      # [t, u]: u <= t
     phi_u = fb.phi[:, None, :]
-    prefix = jnp.where(upto, jnp.exp(-(phi_u - fb.prefix_min[:, :, None]) / tau), 0.0).sum(-1)
-    suffix = jnp.where(later, jnp.exp(-jnp.maximum(phi_u - fb.suffix_min[:, :, None], 0.0) / tau),
-                       0.0).sum(-1)
+    prefix = jnp.where(upto, decay(phi_u - fb.prefix_min[:, :, None], tau), 0.0).sum(-1)
+    suffix = jnp.where(later, decay(phi_u - fb.suffix_min[:, :, None], tau), 0.0).sum(-1)
     relative = fb.phi - fb.block_min[:, None]
     return FieldMasses(
         prefix_mass=prefix,
         suffix_mass=suffix,
-        block_mass=jnp.exp(-relative / tau).sum(-1),
+        block_mass=decay(relative, tau).sum(-1),
         diag_log_mass=range_table(-relative / tau, jnp.logaddexp, -BIG),
     )
 

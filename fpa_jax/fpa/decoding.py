@@ -29,7 +29,7 @@ from jax import lax
 
 from fpa_jax.decode import slots
 from fpa_jax.fpa import checks
-from fpa_jax.fpa.blocks import BIG
+from mixer_core.soft_min import BIG
 
 FPACache = slots.SlotCache   # scalars: (level psi_s, running state r_s)
 

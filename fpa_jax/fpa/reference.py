@@ -17,7 +17,8 @@ import jax.numpy as jnp
 from jax import lax
 
 from fpa_jax.fpa import checks
-from fpa_jax.fpa.blocks import BIG, range_table
+from fpa_jax.fpa.blocks import range_table
+from mixer_core.soft_min import BIG
 
 
 def pair_mask(segment_ids, length):

@@ -11,7 +11,7 @@ Per head, with blocks of n positions (query block i, key block j = i - d):
 tile function works on all query blocks at once: inputs [nb, n, ...] -> tiles [nb, n, n].
 
 Layout: `to_heads` turns [B, T, H, ...] into [B, H, Tp, ...] with T padded to whole blocks
-(fpa_jax.fpa.padding: padded positions are their own document).
+(mixer_core.padding: padded positions are their own document).
 """
 
 from typing import NamedTuple
@@ -19,7 +19,7 @@ from typing import NamedTuple
 import jax.numpy as jnp
 
 from fpa_jax.fpa import blocks
-from fpa_jax.fpa.padding import pad_segment_ids, pad_time, padded_length
+from mixer_core.padding import pad_segment_ids, pad_time, padded_length
 
 
 class BlockedConfig(NamedTuple):
@@ -46,7 +46,7 @@ def stat_dtype(x):
 
 def choose_block_size(length, block_size):
     """The block size actually used: no larger than T rounded up to a multiple of 8."""
-    return int(min(block_size, max(8, -(-length // 8) * 8)))
+    return int(min(block_size, max(8, padded_length(length, 8))))
 
 
 def to_heads(q, k, v, phi, psi, segment_ids, block_size):

@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 
 from fpa_jax.fpa import blocks
-from fpa_jax.fpa.padding import pad_time
+from mixer_core.padding import pad_time
 from fpa_jax.fpa.tiles import (cut_blocks, diagonal_tile, off_diagonal_tile, shift_blocks,
                                stat_dtype, to_heads)
 from mixer_core.soft_min import BIG, decay

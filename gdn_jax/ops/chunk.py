@@ -39,7 +39,8 @@ import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
 from gdn_jax.ops.naive import zero_state
-from mixer_core.delta_rule_math import compute_dtype, state_resets, unit_lower_inverse
+from mixer_core.delta_rule_math import (compute_dtype, pair_decay_matrix, state_resets,
+                                        unit_lower_inverse)
 
 _CHUNK_STATE = "gdn_chunk_entering_state"
 
@@ -77,10 +78,7 @@ def _intra_chunk(q, k, v, g, beta, same_document, sees_entering_state):
     """Everything that does not depend on the entering states, for all chunks at once."""
     chunk, key_dim = k.shape[-2], k.shape[-1]
     gamma = jnp.cumsum(g, axis=-1)                                           # [N, B, H, G, C]
-    lower_inclusive = jnp.tril(jnp.ones((chunk, chunk), dtype=bool))
-    pair_mask = lower_inclusive if same_document is None else lower_inclusive & same_document
-    log_decay = gamma[..., :, None] - gamma[..., None, :]
-    pair_decay = jnp.exp(jnp.where(pair_mask, log_decay, -jnp.inf))          # Gamma
+    pair_decay = pair_decay_matrix(gamma, gamma, same_document)              # Gamma
     if sees_entering_state is None:
         entering_decay = jnp.exp(gamma)
     else:

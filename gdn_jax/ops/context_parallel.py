@@ -41,17 +41,9 @@ import jax.numpy as jnp
 
 from gdn_jax.ops.api import gated_delta_rule
 from gdn_jax.ops.naive import zero_state
+from mixer_core.shard import bound_axis_size
 
 _FULL_FLOAT32 = jax.lax.Precision.HIGHEST
-
-
-def axis_size_or_error(axis_name):
-    """Size of a bound mesh axis; a ValueError naming `axis_name` outside `shard_map`."""
-    try:
-        return jax.lax.axis_size(axis_name)
-    except NameError as error:
-        raise ValueError(f"axis_name: {axis_name!r} is not a mesh axis bound here; call this "
-                         f"inside jax.shard_map over a mesh with that axis") from error
 
 
 def shift_along_axis(x, axis_name, offset, size):
@@ -107,7 +99,7 @@ def context_parallel_gated_delta_rule(q, k, v, g, beta, *, axis_name, scale=None
     [B, HV, K, V] float32 after the last token of the last device, on every device, or None).
     The math, memory and communication are in the module docstring.
     """
-    size = axis_size_or_error(axis_name)
+    size = bound_axis_size(axis_name)
     batch, _, _, key_dim = q.shape
     num_v_heads, value_dim = v.shape[2], v.shape[3]
     # The local op validates shapes; widen the values by K zero columns (float32).

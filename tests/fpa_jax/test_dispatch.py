@@ -16,7 +16,6 @@ from fpa_jax.baselines.softmax import cudnn_supports
 from fpa_jax.dispatch import attention_facts
 from fpa_jax.fpa import api
 from fpa_jax.fpa.fields import document_starts
-from fpa_jax.fpa.padding import PAD_SEGMENT_ID, pad_segment_ids
 from mixer_core.registry import Entry, Registry, UnsupportedImplementationError
 from tests.seeds import case_seed
 
@@ -162,11 +161,3 @@ def test_document_starts_mark_every_document_start_including_t0():
     np.testing.assert_array_equal(document_starts(segment_ids),
                                   [[1, 0, 1, 0, 0], [1, 1, 0, 1, 0]])
     np.testing.assert_array_equal(document_starts(jnp.asarray([[3], [5]], jnp.int32)), [[1], [1]])
-
-
-def test_padding_is_its_own_document():
-    segment_ids = jnp.asarray([[4, 4, 7]], jnp.int16)
-    padded = pad_segment_ids(segment_ids, 6)
-    assert padded.dtype == jnp.int32
-    np.testing.assert_array_equal(padded, [[4, 4, 7] + [PAD_SEGMENT_ID] * 3])
-    assert pad_segment_ids(None, 6) is None

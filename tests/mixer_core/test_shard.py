@@ -21,7 +21,8 @@ import jax.numpy as jnp
 import pytest
 from jax.sharding import AbstractMesh, AxisType
 
-from mixer_core.shard import FPA_LAYOUTS, GDN_LAYOUTS, plan, shard_batch_and_heads
+from mixer_core.shard import (FPA_LAYOUTS, GDN_LAYOUTS, bound_axis_size, plan,
+                               shard_batch_and_heads)
 from tests.devices import run_on_cpu_devices
 from tests.seeds import case_seed
 
@@ -206,3 +207,13 @@ def test_without_a_mesh_the_op_is_called_and_layouts_are_checked():
         shard_batch_and_heads(op, q, q, q, q, vec, jnp.ones(4), layouts=FPA_LAYOUTS, tau=0.5)
     with pytest.raises(ValueError, match="one per argument"):
         shard_batch_and_heads(op, q, q, q, layouts=FPA_LAYOUTS, tau=0.5)
+
+
+def test_bound_axis_size_inside_a_shard_map_and_its_error_outside():
+    mesh = jax.make_mesh((1,), ("context",), axis_types=(AxisType.Auto,))
+    sizes = jax.shard_map(lambda x: x * bound_axis_size("context"), mesh=mesh,
+                          in_specs=jax.sharding.PartitionSpec("context"),
+                          out_specs=jax.sharding.PartitionSpec("context"))(jnp.ones(1))
+    assert sizes.tolist() == [1.0]
+    with pytest.raises(ValueError, match="'context' is not a mesh axis bound here"):
+        bound_axis_size("context")

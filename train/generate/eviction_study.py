@@ -36,9 +36,10 @@ from jax import lax
 
 from fpa_jax.decode import layers as attention
 from fpa_jax.fpa.decoding import dip_sums_through_block
-from fpa_jax.fpa.blocks import BIG
 from fpa_jax.fpa.checks import require_positive_int
 from fpa_jax.layers import common
+from mixer_core.padding import padded_length
+from mixer_core.soft_min import BIG
 from train.core.mixers import layer_spec
 
 DEFAULT_BLOCK = 128
@@ -129,7 +130,7 @@ def masked_attention(layer, params, x, segment_ids, mode, evict_below, window, *
     _check(mode, window, block)
     batch, length = x.shape[:2]
     block = min(block, length)
-    padded = -(-length // block) * block
+    padded = padded_length(length, block)
     padding = padded - length
     q, k, v = attention.qkv(layer, params, x)
     positions = common.positions_within_segments(segment_ids, batch, length)

@@ -39,7 +39,7 @@ from mixer_kernels.mosaic_gpu.attention.backward_kernels import (KernelConfig, d
                                                            pack_layout)
 from mixer_kernels.mosaic_gpu.attention.forward import document_start_index, heads_major, pruning_margin
 from mixer_core.interpret import interpret_active
-from mixer_core.padding import pad_time
+from mixer_core.padding import pad_time, padded_length
 
 
 def _pack(rows, n):
@@ -151,7 +151,7 @@ def prepare(cfg, q, k, v, out, lse, dout, bias, segment_ids):
     """XLA pre-pass: padded tiles and the packed per-block vectors the kernels read."""
     batch, length, heads, _ = q.shape
     n = cfg.block
-    padded = -(-length // n) * n
+    padded = padded_length(length, n)
     nb = padded // n
     time_pad = lambda x: pad_time(x, padded, 1)
     qp, kp, vp = (time_pad(x) for x in (q, k, v))
@@ -183,8 +183,8 @@ def prepare(cfg, q, k, v, out, lse, dout, bias, segment_ids):
             vectors["kap"], vectors["kpmax"] = dead_key_bounds(vectors["suf_min"],
                                                                vectors["psi"], n)
             # the separable path's masses weighted relative to their block's lowest piece,
-            # and the key side of the bias, min(0, A_s - psi_s) (_Tile.separable_weights,
-            # _Tile.level_gap)
+            # and the key side of the bias, min(0, A_s - psi_s) (Tile.separable_weights,
+            # Tile.level_gap)
             vectors["pre_wmass"] = vectors["pre_mass"] * decay(
                 vectors["pre_min"] - vectors["bmin"], cfg.tau)
             vectors["suf_wmass"] = vectors["suf_mass"] * decay(
@@ -199,7 +199,7 @@ def prepare(cfg, q, k, v, out, lse, dout, bias, segment_ids):
         vectors["dend"] = jnp.broadcast_to(ends[:, None, :], (batch, heads, padded))
     if cfg.prunes:
         vectors.update(_pruning_vectors(cfg, qp, kp, vectors, length))
-    for name in ("lse", "row", "col"):   # the tiles' base 2 (backward_kernels._Tile.probs)
+    for name in ("lse", "row", "col"):   # the tiles' base 2 (backward_kernels.Tile.probs)
         if name in vectors:
             vectors[name] = vectors[name] * LOG2E
     rowp = _pack_named(vectors, cfg.row_names(), n)

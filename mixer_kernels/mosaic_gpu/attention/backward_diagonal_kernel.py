@@ -19,7 +19,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from mixer_kernels.mosaic_gpu.attention.backward_kernels import KernelConfig, _Tile, _Vectors, packed_rows
+from mixer_kernels.mosaic_gpu.attention.backward_kernels import KernelConfig, Tile, Vectors, packed_rows
 from mixer_kernels.mosaic_gpu.attention.common import COMPILER_PARAMS
 from mixer_kernels.mosaic_gpu.common import matmul, swizzled_smem
 
@@ -50,12 +50,12 @@ def diagonal_shares_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, c
         for index in range(len(copies)):
             plgpu.barrier_wait(bars.at[index])
 
-        rows = _Vectors(rowp_s, row_names, axis=0)
-        cols = _Vectors(colp_s, col_names, axis=1)
-        diag_rows = _Vectors(rowd_s, ["pre"], axis=0)
-        diag_cols = _Vectors(cold_s, ["suf"], axis=1)
+        rows = Vectors(rowp_s, row_names, axis=0)
+        cols = Vectors(colp_s, col_names, axis=1)
+        diag_rows = Vectors(rowd_s, ["pre"], axis=0)
+        diag_cols = Vectors(cold_s, ["suf"], axis=1)
         beta_value = beta_s[0, 0]
-        tile = _Tile(cfg, 0, rows, cols, beta_value)
+        tile = Tile(cfg, 0, rows, cols, beta_value)
         scores = None
         if cfg.content:
             scores = matmul(q_s, k_s.transpose((1, 0)), (n, n))

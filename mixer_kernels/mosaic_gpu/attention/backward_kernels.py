@@ -170,7 +170,7 @@ def packed_rows(names):
     return max(len(vectors) + (1 if scalars else 0), 1)
 
 
-class _Vectors:
+class Vectors:
     """Named rows of a packed [rows, n] SMEM block (`pack_layout`), loaded as vectors along
     one tile axis, and the block's scalars."""
 
@@ -309,10 +309,10 @@ def _zeros(shape, layout):
     return plgpu.layout_cast(jnp.zeros(shape, jnp.float32), layout)
 
 
-class _Tile:
+class Tile:
     """Elementwise work of one n x n tile. query_axis: 1 in `dkv` ([s, t]), 0 in `dq` ([t, s])."""
 
-    def __init__(self, cfg: KernelConfig, query_axis, rows: _Vectors, cols: _Vectors, beta):
+    def __init__(self, cfg: KernelConfig, query_axis, rows: Vectors, cols: Vectors, beta):
         self.cfg, self.qa, self.ka = cfg, query_axis, 1 - query_axis
         self.rows, self.cols, self.beta = rows, cols, beta
         n = cfg.block
@@ -803,9 +803,9 @@ def dkv_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
         fetch = _stream_fetch(n, b, h, ((q_ref, q_s), (do_ref, do_s)), (rowp_ref, rowp_s), bars)
         fetch(j, 0)
         beta = _wait_own_block(cfg, bars, beta_s)
-        cols = _Vectors(colp_s, col_names, axis=0)
-        diag_cols = _Vectors(cold_s, ["suf"], axis=0) if fpa else None
-        diag_rows = _Vectors(rowd_s, ["pre"], axis=1) if fpa else None
+        cols = Vectors(colp_s, col_names, axis=0)
+        diag_cols = Vectors(cold_s, ["suf"], axis=0) if fpa else None
+        diag_rows = Vectors(rowd_s, ["pre"], axis=1) if fpa else None
         if gap_s is not None:
             for c in range(chunks):
                 gap_s.at[c][...] = _zeros((n,), plgpu.Layout.WGMMA.reduce(0))
@@ -818,11 +818,11 @@ def dkv_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
         def step(i, slot, carry, diagonal):
             state, gap_min, gap_mass = carry
             _advance_stream(fetch, bars, i + 1 < end, i + 1, slot)
-            rows = _Vectors(rowp_s.at[slot], row_names, axis=1)
+            rows = Vectors(rowp_s.at[slot], row_names, axis=1)
 
             def compute(state, r, path, field_work=True):
                 dk, dv, col_acc = state
-                tile = _Tile(cfg, 1, rows, cols, beta)
+                tile = Tile(cfg, 1, rows, cols, beta)
                 probs_of = functools.partial(tile.biased_probs, diagonal=diagonal,
                                              field_work=field_work, diag_rows=diag_rows,
                                              diag_cols=diag_cols, gap_min=gap_min)
@@ -913,9 +913,9 @@ def dq_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
         fetch = _stream_fetch(n, b, h, ((k_ref, k_s), (v_ref, v_s)), (colp_ref, colp_s), bars)
         fetch(i, 0)
         beta = _wait_own_block(cfg, bars, beta_s)
-        rows = _Vectors(rowp_s, row_names, axis=0)
-        diag_cols = _Vectors(cold_s, ["suf"], axis=1) if fpa else None
-        diag_rows = _Vectors(rowd_s, ["pre"], axis=0) if fpa else None
+        rows = Vectors(rowp_s, row_names, axis=0)
+        diag_cols = Vectors(cold_s, ["suf"], axis=1) if fpa else None
+        diag_rows = Vectors(rowd_s, ["pre"], axis=0) if fpa else None
 
         if cfg.skips and cfg.segments:  # key blocks before the query block's first document
             j_lo = lax.div(rows.scalar("seg").astype(jnp.int32), n)
@@ -925,11 +925,11 @@ def dq_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
         def step(j, slot, carry, diagonal):
             state, gap_min, gap_mass = carry
             _advance_stream(fetch, bars, j - 1 >= j_lo, j - 1, slot)
-            cols = _Vectors(colp_s.at[slot], col_names, axis=1)
+            cols = Vectors(colp_s.at[slot], col_names, axis=1)
 
             def compute(state, r, path, field_work=True):
                 dq, row_acc = state
-                tile = _Tile(cfg, 0, rows, cols, beta)
+                tile = Tile(cfg, 0, rows, cols, beta)
                 probs_of = functools.partial(tile.biased_probs, diagonal=diagonal,
                                              field_work=field_work, diag_rows=diag_rows,
                                              diag_cols=diag_cols, gap_min=gap_min)

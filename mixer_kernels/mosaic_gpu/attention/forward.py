@@ -40,7 +40,7 @@ from mixer_kernels.mosaic_gpu.attention.bias import FPABias, NoBias, SeparableBi
 from mixer_kernels.mosaic_gpu.attention.common import BIG, BLOCK, SUPPORTED_HEAD_DIMS, dead_key_bounds
 from mixer_kernels.mosaic_gpu.attention.fields import at_block_ends, statistics
 from mixer_core.interpret import interpret_active
-from mixer_core.padding import pad_time
+from mixer_core.padding import pad_time, padded_length
 from mixer_kernels.mosaic_gpu.attention.forward_kernel import LOG2E, ForwardConfig, forward_kernel
 
 
@@ -126,7 +126,7 @@ def attention_forward(q, k, v, bias=NoBias(), *, scale: float,
     _check(q, k, v, bias, segment_ids, block)
     batch, length, heads, head_dim = q.shape
     n = block
-    padded = -(-length // n) * n
+    padded = padded_length(length, n)
     fpa = isinstance(bias, FPABias)
     mode = "fpa" if fpa else "separable" if isinstance(bias, SeparableBias) else "none"
     content = bool(bias.content) if fpa else True

@@ -18,7 +18,7 @@ Per value head and chunk (local tokens i, j; gamma = within-chunk cumsum of g):
 
 `wy_solve` has its own VJP: with X = (I + A)^{-1} R, dR = (I + A)^{-T} dX and
 dA = -tril_strict(dR X^T), two batched matmuls per chunk instead of differentiating through
-the levels of the block inversion (`gdn_jax.ops.chunk.unit_lower_inverse`);
+the levels of the block inversion (`mixer_core.delta_rule_math.unit_lower_inverse`);
 `solve_with_inverse` is the same with the inverse given (the kernel's), so nothing is inverted
 twice.
 """
@@ -26,7 +26,7 @@ twice.
 import jax
 import jax.numpy as jnp
 
-from mixer_core.delta_rule_math import state_resets, unit_lower_inverse
+from mixer_core.delta_rule_math import pair_decay_matrix, state_resets, unit_lower_inverse
 
 ROWS = ("gamma_i", "gamma_j", "beta_i", "beta_j", "beta_e", "kw_decay", "document_i", "document_j")
 
@@ -102,11 +102,8 @@ def chunk_rows(g, beta, segment_ids, num_chunks, chunk):
 
 def _decay(row):
     """Gamma [..., C, C] from the rows (a dict of [..., C] by the names in ROWS)."""
-    chunk = row["gamma_i"].shape[-1]
-    lower = jnp.tril(jnp.ones((chunk, chunk), dtype=bool))
-    pairs = lower & (row["document_i"][..., :, None] == row["document_j"][..., None, :])
-    return jnp.exp(jnp.where(pairs, row["gamma_i"][..., :, None] - row["gamma_j"][..., None, :],
-                             -jnp.inf))
+    same_document = row["document_i"][..., :, None] == row["document_j"][..., None, :]
+    return pair_decay_matrix(row["gamma_i"], row["gamma_j"], same_document)
 
 
 def prepare_reference(q, k, v, rows, *, scale, inverse=None):
