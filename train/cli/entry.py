@@ -101,8 +101,19 @@ def _reported(args, line: str, code: int) -> int:
     return code
 
 
+def _output_closed() -> int:
+    """`... | head` closed the output: one line on stderr, no traceback about it."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    with contextlib.suppress(OSError):
+        print("error: the output was closed (broken pipe)", file=sys.stderr)
+    return EXIT_ERROR
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = _parse(build_parser(), argv)
+    try:
+        args = _parse(build_parser(), argv)
+    except BrokenPipeError:         # a help text piped into `head`
+        return _output_closed()
     level = logging.INFO if args.verbose else logging.WARNING
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger().setLevel(level)     # also when `python -m train` configured it first
@@ -117,11 +128,8 @@ def main(argv: list[str] | None = None) -> int:
         return _reported(args, "error: stopped by SIGTERM" + (
             " before anything new was checkpointed; re-run the same command to continue"
             if resumable else ""), EXIT_PREEMPTED)
-    except BrokenPipeError:         # `... | head` closed the output: no traceback about it
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        with contextlib.suppress(OSError):
-            print("error: the output was closed (broken pipe)", file=sys.stderr)
-        return EXIT_ERROR
+    except BrokenPipeError:
+        return _output_closed()
     except KeyboardInterrupt:
         resumable = args.command in _RESUMABLE_COMMANDS
         return _reported(args, "error: interrupted" + (

@@ -487,3 +487,17 @@ def test_bench_refuses_a_step_that_cannot_fit_and_maps_out_of_memory(tmp_path, c
     line = error_line(capsys)
     assert line.startswith("error: out of device memory (could not allocate ")
     assert "lower data.batch_size (2)" in line and not (tmp_path / "b.json").exists()
+
+
+def test_help_into_a_closed_pipe_is_one_error_line():
+    """`python -m train probe --help | head` closing the pipe early: one `error:` line and exit
+    1, not a BrokenPipeError traceback (the help is printed while the arguments are parsed)."""
+    read, write = os.pipe()
+    os.close(read)              # every write of the child's help text now fails with EPIPE
+    try:
+        finished = subprocess.run([sys.executable, "-m", "train", "probe", "--help"], cwd=REPO,
+                                  stdout=write, stderr=subprocess.PIPE, text=True, timeout=120)
+    finally:
+        os.close(write)
+    assert finished.returncode == 1, finished.stderr
+    assert finished.stderr.strip() == "error: the output was closed (broken pipe)"
