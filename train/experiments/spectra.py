@@ -34,7 +34,7 @@ import numpy as np
 
 from gdn_jax.diagnostics import (plot_decay_spectra, slow_mode_summary, transition_spectrum,
                                  write_energy)
-from train.core.mixers import MIXERS, layer_kinds, layer_spec
+from train.core.mixers import MIXERS, layer_kinds
 from train.core.model import build_mixer, build_model
 
 NEEDLE = " the key is 7413. "
@@ -105,15 +105,12 @@ def mixer_inputs(model, params, tokens: np.ndarray) -> dict[str, jax.Array]:
             if name.startswith("layers_")}
 
 
-def _layer_number(name: str) -> int:
-    return int(name.split("_")[1])
-
-
-def transition_layers(config) -> list[str]:
-    """"layers_i" of every layer whose mixer has a delta-rule transition to measure
-    (`MixerSpec.transition`: the GatedDeltaNet layers)."""
-    return [f"layers_{index}" for index, kind in enumerate(layer_kinds(config))
-            if MIXERS[kind].transition is not None]
+def transition_layers(config) -> dict[str, tuple[int, Any]]:
+    """{"layers_i": (i, its `MixerSpec.transition`)} for every layer whose mixer has a
+    delta-rule transition to measure (the GatedDeltaNet layers)."""
+    return {f"layers_{index}": (index, MIXERS[kind].transition)
+            for index, kind in enumerate(layer_kinds(config))
+            if MIXERS[kind].transition is not None}
 
 
 def run_spectra(config, params, tokens: np.ndarray, *, needle_position: int,
@@ -125,9 +122,8 @@ def run_spectra(config, params, tokens: np.ndarray, *, needle_position: int,
     gdn_layers = transition_layers(config)
     per_sample, first = [], {}
     layers: dict[str, Any] = {}
-    for name in gdn_layers:
-        module = build_mixer(config, _layer_number(name), name=None)
-        transition = layer_spec(config, _layer_number(name)).transition
+    for name, (index, transition) in gdn_layers.items():
+        module = build_mixer(config, index, name=None)
         log_alpha, beta, keys = transition(module, params[name]["mixer"], inputs[name])
         spectra = [transition_spectrum(log_alpha[b], beta[b], keys[b], start=needle_position,
                                        distances=distances) for b in range(tokens.shape[0])]
