@@ -1,6 +1,6 @@
 """bf16 outputs and gradients of FoX and softmax attention on the blocked path
 (fpa_jax/baselines/flash_xla.py, implementation="xla") within BOUND = 5e-3 of float32 from the
-same rounded inputs (tests/fpa_jax/bf16_errors.py).
+same rounded inputs (tests/bf16_errors.py).
 
 FoX's d log_forget_u sums dS_ts over the pairs s < u <= t, a small difference of row and
 column sums of dS. Both bias gradients must sum the same float32 dS, with Delta taken from the
@@ -13,7 +13,7 @@ import jax
 import pytest
 
 from fpa_jax import fox_attention, softmax_attention
-from tests.fpa_jax.bf16_errors import BLOCK, bf16_inputs, check, rel_errors
+from tests.bf16_errors import BLOCK, bf16_inputs, check, rel_errors
 from tests.seeds import case_seed
 
 SHAPE = (2, 330, 2, 32)  # (B, T, H, D): T not a multiple of the block, 11 key blocks

@@ -1,6 +1,6 @@
 """bf16 outputs and gradients of FPA attention on the blocked path (fpa_jax/fpa/xla.py, its
 backward in fpa_jax/fpa/xla_vjp.py) within BOUND = 5e-3 of float32 from the same rounded inputs
-(tests/fpa_jax/bf16_errors.py).
+(tests/bf16_errors.py).
 
 dbeta = sum_ts min(0, R_ts - psi_s) dS_ts takes a per-row error of Delta_t when Delta_t comes
 from the bf16-rounded out (up to 1e-2 at T = 1000, 7.0e-3 in the pinned case below): the
@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from fpa_jax import fields, fpa_attention
-from tests.fpa_jax.bf16_errors import BLOCK, check, rel_errors
+from tests.bf16_errors import BLOCK, check, rel_errors
 from tests.seeds import case_seed
 
 FPA_SHAPE = (2, 200, 4, 32)

@@ -19,20 +19,14 @@ and the backward centres dbeta per row (as fpa_jax/fpa/xla_vjp.py; its docstring
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 
 from fpa_jax import fields, fox_attention, fpa_attention, softmax_attention
 from mixer_core import interpret
+from tests.bf16_errors import check, rel
 from tests.seeds import case_seed
 
-BOUND = 5e-3
 SHAPE = (1, 200, 2, 64)  # (B, T, H, D): 4 key blocks of 64, the last one ragged
-
-
-def _rel(got, want):
-    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
-    return float(np.linalg.norm(got - want) / np.linalg.norm(want))
 
 
 def _errors(attend, keys, extras):
@@ -52,12 +46,7 @@ def _errors(attend, keys, extras):
         got = grads("pallas", q, k, v, *extras)
     assert not interpret.races_found()
     want = grads("reference", *(x.astype(jnp.float32) for x in (q, k, v)), *extras)
-    return [_rel(g, w) for g, w in zip(got, want)]
-
-
-def _check(names, errors):
-    report = ", ".join(f"{name} {error:.1e}" for name, error in zip(names, errors))
-    assert max(errors) <= BOUND, f"relative errors above {BOUND}: {report}"
+    return [rel(g, w) for g, w in zip(got, want)]
 
 
 def _fpa_errors(seed):
@@ -81,7 +70,7 @@ def test_fpa_kernel_bf16_gradients_match_float32(seed):
     7.4e-3 there (1.3e-3 .. 7.4e-3 over seeds 0-5; below 2e-6 with them), so this case fails
     without either. "fresh" is a new draw every session. The gradients on random draws, in
     float32, are checked in test_backward.py."""
-    _check(FPA_NAMES, _fpa_errors(2 if seed == 2 else case_seed(1601)))
+    check(FPA_NAMES, _fpa_errors(2 if seed == 2 else case_seed(1601)))
 
 
 @pytest.mark.parametrize("gate_mean", [2.0, pytest.param(5.0, marks=pytest.mark.slow)])
@@ -90,13 +79,13 @@ def test_fox_kernel_bf16_gradients_match_float32(gate_mean):
     keys = jax.random.split(jax.random.PRNGKey(case_seed(1602 + int(gate_mean))), 5)
     log_forget = jax.nn.log_sigmoid(gate_mean + jax.random.normal(keys[4], SHAPE[:3]))
     attend = lambda impl, *a: fox_attention(*a, implementation=impl)
-    _check(["dq", "dk", "dv", "dlog_forget"], _errors(attend, keys, (log_forget,)))
+    check(["dq", "dk", "dv", "dlog_forget"], _errors(attend, keys, (log_forget,)))
 
 
 def test_softmax_kernel_bf16_gradients_match_float32():
     keys = jax.random.split(jax.random.PRNGKey(case_seed(1605)), 4)
     attend = lambda impl, *a: softmax_attention(*a, implementation=impl)
-    _check(["dq", "dk", "dv"], _errors(attend, keys, ()))
+    check(["dq", "dk", "dv"], _errors(attend, keys, ()))
 
 
 def test_separable_kernel_backward_takes_delta_from_the_float32_output():

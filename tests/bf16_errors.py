@@ -1,6 +1,7 @@
-"""Relative errors of a bf16 run of a blocked ("xla") attention path against float32 from the
-same rounded inputs, shared by tests/fpa_jax/fpa/test_xla_bf16_gradients.py and
-tests/fpa_jax/baselines/test_flash_xla_bf16_gradients.py.
+"""Relative errors of a bf16 attention path against float32 from the same rounded inputs: the
+blocked ("xla") paths (`rel_errors`: tests/fpa_jax/fpa/test_xla_bf16_gradients.py,
+tests/fpa_jax/baselines/test_flash_xla_bf16_gradients.py) and the kernels (`rel` and `check`:
+tests/mixer_kernels/mosaic_gpu/attention/test_vjp_bf16_gradients.py).
 
     rel(x) = ||x_bf16 - x_f32|| / ||x_f32||    (over the whole array, float64 norms)
 
