@@ -56,9 +56,9 @@ from jax import lax
 
 from fpa_jax.baselines import flash_xla
 from fpa_jax.fpa import checks
-from mixer_core.soft_min import BIG
 from mixer_core.padding import pad_time, padded_length
 from mixer_core.shard import bound_axis_size
+from mixer_core.soft_min import BIG
 
 RING_BLOCK = 64         # query rows per tile (block_size) unless the caller sets it
 MASKED_LOGIT = -1e30   # finite, so fully masked rows (wrapped blocks) stay NaN-free; their merge

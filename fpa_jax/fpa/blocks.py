@@ -25,7 +25,6 @@ from jax import lax
 from mixer_core.soft_min import BIG, decay
 
 
-
 class FieldBlocks(NamedTuple):
     phi: jnp.ndarray          # [nb, n]
     prefix_min: jnp.ndarray   # [nb, n]

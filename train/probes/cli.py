@@ -7,7 +7,8 @@ of the default. A task may set its own ProbeConfig defaults (two_walks: num_head
 head_dim=2); keys on the command line override them. The reference (default: fpa when it is
 among the methods, else the first method) must be one of the methods: a reference that is not
 run is refused, since no p-value could be computed. A mistake prints one `error:` line and
-exits 2 (EXIT_USAGE, train/core/errors.py). `python -m train probe list` prints the tasks, their sizes and the methods;
+exits 2 (EXIT_USAGE, train/core/errors.py). `python -m train probe list` prints the tasks,
+their sizes and the methods;
 `probe plot PATH ... [out=PNG] [columns=N]` draws every seed's final accuracy of the probe.json
 files given (a folder: its */probe.json) into one PNG (report.plot_per_seed);
 `probe --help` the keys and their defaults, `probe TASK --help` one task's (both generated from
