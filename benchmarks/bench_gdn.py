@@ -4,7 +4,7 @@
         CPU, float32, B=1 H=4 K=V=64: "gdn reference" (token-by-token scan, the anchor)
         against "gdn xla" (chunked WY form), forward and forward+backward time and compiled
         peak memory; rel err of xla against the scan.
-    python benchmarks/bench_gdn.py --gpu [--no-torch] [--json out.json]
+    python benchmarks/bench_gdn.py --gpu [--no-torch] [--implementations pallas] [--json out.json]
         bf16 (g float32) at the shapes of docs/benchmarks.md: "gdn xla" against "fla chunk",
         flash-linear-attention's Triton kernel `chunk_gated_delta_rule` (the anchor), on the
         same inputs; rel err compares our forward with fla's.
@@ -41,6 +41,8 @@ def add_arguments(parser):
     parser.add_argument("--heads", type=int, default=4, help="CPU: H")
     parser.add_argument("--dim", type=int, default=64, help="CPU: K = V")
     parser.add_argument("--chunk-size", type=int, default=64, help="chunk of the xla path")
+    parser.add_argument("--implementations", nargs="+", choices=("xla", "pallas"),
+                        default=["xla", "pallas"], help="GPU: our entries to time")
 
 
 def shapes(args):
@@ -76,8 +78,8 @@ def jax_entries(args):
     if args.device == "cpu":
         return [("gdn reference", output_of("reference"), GDN_ARGS),
                 ("gdn xla", output_of("xla"), GDN_ARGS, "gdn reference")]
-    return [("gdn xla", output_of("xla"), GDN_ARGS, "fla chunk"),
-            ("gdn pallas", output_of("pallas"), GDN_ARGS, "fla chunk")]
+    return [(f"gdn {name}", output_of(name), GDN_ARGS, "fla chunk")
+            for name in args.implementations]
 
 
 def torch_entries(args, device):

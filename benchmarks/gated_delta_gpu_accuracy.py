@@ -2,7 +2,7 @@
 `chunk_gated_delta_rule` on the same bf16 inputs, each against a float32 recurrence ("xla"
 chunked form at HIGHEST matmul precision on the upcast inputs).
 
-    python -m benchmarks.gated_delta_gpu_accuracy jax OUT.npz     # ours + the reference
+    python -m benchmarks.gated_delta_gpu_accuracy jax OUT.npz [B,T,H,D]   # ours + the reference
     python -m benchmarks.gated_delta_gpu_accuracy torch OUT.npz   # fla against the same
 """
 
@@ -67,4 +67,7 @@ def run_torch(path):
 
 
 if __name__ == "__main__":
-    {"jax": run_jax, "torch": run_torch}[sys.argv[1]](sys.argv[2])
+    if sys.argv[1] == "jax" and len(sys.argv) > 3:
+        run_jax(sys.argv[2], tuple(int(n) for n in sys.argv[3].split(",")))
+    else:
+        {"jax": run_jax, "torch": run_torch}[sys.argv[1]](sys.argv[2])

@@ -4,6 +4,7 @@ environment, for the GPU scripts beside this file (unset or empty: the library's
     INTRA         "xla" | "pallas"          mixer_kernels/mosaic_gpu/gated_delta/vjp.py INTRA_BACKWARD
     XLA_OPERANDS  "float32" | "16-bit"      vjp.XLA_OPERANDS
     RESIDUALS     "internals" | "inputs"    vjp.RESIDUALS
+    OUTPUTS       "xla" | "pallas"          vjp.OUTPUTS
     CONV          "xla"                     the short convolutions without their kernel backward
     FIELDS        "by_level" | "kernels" | "all_levels"   .../attention/fields.py FIELD_PASSES
 
@@ -19,7 +20,7 @@ from mixer_kernels.mosaic_gpu.gated_delta import vjp
 from train.cli.entry import main
 
 for name, attribute in (("INTRA", "INTRA_BACKWARD"), ("XLA_OPERANDS", "XLA_OPERANDS"),
-                        ("RESIDUALS", "RESIDUALS")):
+                        ("RESIDUALS", "RESIDUALS"), ("OUTPUTS", "OUTPUTS")):
     if os.environ.get(name):
         setattr(vjp, attribute, os.environ[name])
 if os.environ.get("FIELDS"):

@@ -5,9 +5,12 @@ Same math as `gdn_jax.ops.chunk` (chunk C = 64, WY form). The per-chunk preparat
 `wy_kernel.prepare` (its backward: the kernel again for the inverse, then the hand-written
 `wy.prepare_backward` in XLA with that inverse given, or the one kernel
 `wy_backward_kernel.backward`: switch `INTRA_BACKWARD`); XLA forms the per-token rows
-(`wy.chunk_rows`) and the outputs from the entering states
+(`wy.chunk_rows`); the outputs from the entering states,
 
     O_c = diag(e) Q_c S_c + (Q_c K_c^T ⊙ Gamma) (U_c - W_c S_c)
+
+run in `output_kernels.forward` and their backward in `output_kernels.backward` (switch
+`OUTPUTS`; XLA's products where a kernel's shared memory does not fit).
 
 The sequential part, S_{c+1} = rho_c S_c + Kw_c^T (U_c - W_c S_c) with Kw_c = diag(Gamma_{C,:})
 K_c and rho_c = e_C, runs in `state_kernels.forward_states`; its `jax.custom_vjp` backward runs
@@ -34,7 +37,8 @@ import jax
 import jax.numpy as jnp
 
 from mixer_core.delta_rule_math import compute_dtype
-from mixer_kernels.mosaic_gpu.gated_delta import state_kernels, wy, wy_backward_kernel, wy_kernel
+from mixer_kernels.mosaic_gpu.gated_delta import (output_kernels, state_kernels, wy,
+                                                  wy_backward_kernel, wy_kernel)
 from mixer_core.interpret import interpret_active
 from mixer_core.padding import pad_time
 from mixer_kernels.mosaic_gpu.gated_delta.common import CHUNK
@@ -66,6 +70,12 @@ XLA_OPERANDS = "float32"
 # 13.11 to 10.80 GiB at the same 52.5 ms per step, and the op's forward+backward at
 # (4, 4096, 16, 128) stays at 3.05 ms of device time (docs/benchmarks.md).
 RESIDUALS = "inputs"
+
+# The chunk outputs O_c and their backward: "pallas" runs `output_kernels.forward` and
+# `.backward` (16-bit operands, float32 accumulation) where their shared memory fits (K = V =
+# 64 both, K = V = 128 the forward; XLA's products otherwise); "xla" runs `chunk_outputs`, XLA
+# products with operands by `XLA_OPERANDS`. Read when the op is traced.
+OUTPUTS = "pallas"
 
 
 def _manual_axes(*arrays):
@@ -307,9 +317,61 @@ def _chunked_body(q, k, v, g, beta, initial_state, segment_ids, *, scale, tiling
     states, final_state = state_recurrence(
         *_varying(recurrence_inputs, _manual_axes(*recurrence_inputs)), tiling)
 
-    out = chunk_outputs(q, states, state_weights, base_values, attention, entering_decay,
-                        scale, dtype)
+    if OUTPUTS not in ("pallas", "xla"):
+        raise ValueError(f"OUTPUTS: expected 'pallas' or 'xla', got {OUTPUTS!r}")
+    outputs = chunk_outputs
+    if OUTPUTS == "pallas" and output_kernels.fits(key_dim, value_dim, backward=False):
+        outputs = chunk_outputs_pallas
+    out = outputs(q, states, state_weights, base_values, attention, entering_decay, scale,
+                  dtype)
     return out[:, :seq_len], final_state.astype(dtype)
+
+
+@functools.cache
+def _output_kernels(scale):
+    """(forward, backward) chunk output kernels, each behind one jax.jit and batchable by
+    vmap (B is axis 0 of q, dO, O and dq, axis 1 of the chunk-major arrays)."""
+    forward = _folding_batch_axes(
+        jax.jit(lambda *arrays: (output_kernels.forward(*arrays, scale=scale),)),
+        in_axes=(0, 1, 1, 1, 1, 1), out_axes=(0,))
+    backward = _folding_batch_axes(
+        jax.jit(functools.partial(output_kernels.backward, scale=scale)),
+        in_axes=(0, 1, 1, 1, 1, 1, 0), out_axes=(0, 1, 1, 1, 1, 1))
+    return forward, backward
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7))
+def chunk_outputs_pallas(q, states, state_weights, base_values, attention, entering_decay,
+                         scale, dtype):
+    """`chunk_outputs` by `output_kernels.forward`; its backward by `output_kernels.backward`
+    where that fits shared memory, else autodiff of `chunk_outputs`. Keeps its inputs (the
+    float32 states, which the state recurrence keeps too) and rounds S to q's dtype."""
+    return _chunk_outputs_pallas_fwd(q, states, state_weights, base_values, attention,
+                                     entering_decay, scale, dtype)[0]
+
+
+def _chunk_outputs_pallas_fwd(q, states, state_weights, base_values, attention, entering_decay,
+                              scale, dtype):
+    (out,) = _output_kernels(scale)[0](q, states.astype(q.dtype), state_weights, base_values,
+                                       attention, entering_decay[..., None, :])
+    residuals = (q, states, state_weights, base_values, attention, entering_decay)
+    return out.astype(dtype), residuals
+
+
+def _chunk_outputs_pallas_bwd(scale, dtype, residuals, d_out):
+    q, states, state_weights, base_values, attention, entering_decay = residuals
+    heads, key_dim, value_dim = q.shape[2], q.shape[3], states.shape[-1]
+    if not output_kernels.fits(key_dim, value_dim, backward=True):
+        _, pull = jax.vjp(lambda *xs: chunk_outputs(*xs, scale, dtype), *residuals)
+        return pull(d_out)
+    d_q, d_states, d_w, d_u, d_p, d_e = _output_kernels(scale)[1](
+        q, states.astype(q.dtype), state_weights, base_values, attention,
+        entering_decay[..., None, :], d_out.astype(q.dtype))
+    d_q = d_q.reshape(*q.shape[:2], heads, -1, key_dim).sum(3).astype(q.dtype)
+    return d_q, d_states, d_w, d_u, d_p, d_e[..., 0, :]
+
+
+chunk_outputs_pallas.defvjp(_chunk_outputs_pallas_fwd, _chunk_outputs_pallas_bwd)
 
 
 @functools.partial(jax.checkpoint, static_argnums=(6, 7), prevent_cse=False)

@@ -1,0 +1,193 @@
+"""Pallas Mosaic GPU kernels for the chunk outputs of the gated delta rule and their backward,
+one block per (chunk, value head, batch); the chunks are independent (the entering states come
+from `state_kernels.forward_states`).
+
+Forward, per chunk (C = 64 tokens; e the decay since the chunk's start, scale the query scale):
+
+    N_c = U_c - W_c S_c                          the new values           [C, V]
+    O_c = scale diag(e) Q_c S_c + P_c N_c                                  [C, V]
+
+Backward, from dO_c (D = scale diag(e) dO_c):
+
+    dN  = P_c^T dO_c         dU = dN              dP = dO_c N_c^T
+    dQ  = D S_c^T            dW = -dN S_c^T       dS = Q_c^T D - W_c^T dN
+    de_i = scale <dO_c,i , (Q_c S_c)_i>
+
+Products: 16-bit operands (S, N, dO, D, dN rounded to the operand dtype, as fla's output
+kernels round them), float32 accumulation; 3 wgmmas forward, 8 backward. S arrives in the
+operand dtype (XLA rounds the float32 states in one pass), U in float32.
+
+    q [B, Tp, H, K] (16-bit; f32 only in interpret mode)   states [N, B, HV, K, V] (q's dtype)
+    W [N, B, HV, C, K], P [N, B, HV, C, C] (q's dtype)     U [N, B, HV, C, V] float32
+    e [N, B, HV, 1, C] float32                             dO [B, Tp, HV, V] (q's dtype)
+    -> O [B, Tp, HV, V] float32
+    -> dq [B, Tp, HV, K] float32 (per value head; summed over the group in XLA),
+       dS [N, B, HV, K, V] float32, dW [N, B, HV, C, K] (q's dtype), dU [N, B, HV, C, V]
+       float32, dP [N, B, HV, C, C] (q's dtype), de [N, B, HV, 1, C] float32
+
+Value head hv reads q head hv // (HV // H). Shared memory of the backward is reused: dP is
+staged in P's place, dU in U's.
+"""
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from mixer_kernels.mosaic_gpu.gated_delta.common import CHUNK, SMEM_BYTES, check_smem
+from mixer_kernels.mosaic_gpu.common import matmul, swizzled_smem
+
+
+def smem_bytes(key_dim, value_dim, operand_dtype, backward: bool) -> int:
+    """Shared memory of one block (inputs, work tiles, output staging, barriers)."""
+    c, op = CHUNK, jnp.dtype(operand_dtype).itemsize
+    inputs = (2 * c * key_dim + key_dim * value_dim + c * c) * op + c * value_dim * 4 + c * 4
+    if not backward:
+        return inputs + c * value_dim * op + c * value_dim * 4 + 1024    # N, O
+    work = 4 * c * value_dim * op + c * key_dim * op                    # dO, D, N, dN, dW
+    staging = c * key_dim * 4 + key_dim * value_dim * 4 + c * 4         # dq, dS, de
+    return inputs + work + staging + 1024
+
+
+def fits(key_dim, value_dim, backward: bool) -> bool:
+    """Whether one block fits shared memory with 16-bit operands."""
+    return smem_bytes(key_dim, value_dim, jnp.bfloat16, backward) <= SMEM_BYTES
+
+
+def _column(vector_s, size):
+    """A [1, C] float32 SMEM row as a [C, size] tile varying along axis 0 (WGMMA layout)."""
+    vector = plgpu.load(vector_s.at[0], layout=plgpu.Layout.WGMMA.reduce(1))
+    return lax.broadcast_in_dim(vector, (CHUNK, size), [0])
+
+
+def _shapes(q, states):
+    batch, _, num_heads, key_dim = q.shape
+    num_chunks, _, num_v_heads, _, value_dim = states.shape
+    return batch, num_heads, key_dim, num_chunks, num_v_heads, value_dim
+
+
+def forward(q, states, w, u, p, e, *, scale, interpret=None):
+    """O [B, Tp, HV, V] float32; see the module docstring."""
+    batch, num_heads, key_dim, num_chunks, num_v_heads, value_dim = _shapes(q, states)
+    group = num_v_heads // num_heads
+    op_dtype, c = q.dtype, CHUNK
+    check_smem("chunk output kernel", smem_bytes(key_dim, value_dim, jnp.bfloat16, False),
+               key_dim, value_dim)
+
+    def kernel(q_ref, s_ref, w_ref, u_ref, p_ref, e_ref, o_ref,
+               q_s, s_s, w_s, u_s, p_s, e_s, n_s, o_s, loaded):
+        chunk, head, b = (lax.axis_index(n) for n in ("c", "hv", "b"))
+        tokens = pl.ds(chunk * c, c)
+        for src, dst in ((q_ref.at[b, tokens, head // group], q_s),
+                         (s_ref.at[chunk, b, head], s_s), (w_ref.at[chunk, b, head], w_s),
+                         (u_ref.at[chunk, b, head], u_s), (p_ref.at[chunk, b, head], p_s),
+                         (e_ref.at[chunk, b, head], e_s)):
+            plgpu.copy_gmem_to_smem(src, dst, loaded)
+        plgpu.barrier_wait(loaded)
+
+        n_s[...] = (u_s[...] - matmul(w_s, s_s, (c, value_dim))).astype(op_dtype)
+        plgpu.commit_smem()
+        from_state = matmul(q_s, s_s, (c, value_dim))
+        o_s[...] = scale * _column(e_s, value_dim) * from_state + matmul(p_s, n_s, (c, value_dim))
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(o_s, o_ref.at[b, tokens, head])
+        plgpu.wait_smem_to_gmem(0)
+
+    scratch = (swizzled_smem((c, key_dim), op_dtype),          # Q
+               swizzled_smem((key_dim, value_dim), op_dtype),  # S
+               swizzled_smem((c, key_dim), op_dtype),          # W
+               swizzled_smem((c, value_dim), jnp.float32),     # U
+               swizzled_smem((c, c), op_dtype),                # P
+               plgpu.SMEM((1, c), jnp.float32),                # e
+               swizzled_smem((c, value_dim), op_dtype),        # N
+               swizzled_smem((c, value_dim), jnp.float32),     # O
+               plgpu.Barrier(num_arrivals=6))
+    kernel.__name__ = "delta_rule_chunk_outputs"  # the kernel's name in profiles
+    out_type = jax.ShapeDtypeStruct((batch, q.shape[1], num_v_heads, value_dim), jnp.float32)
+    return plgpu.kernel(
+        kernel, out_type=out_type, scratch_types=scratch,
+        grid=(num_chunks, num_v_heads, batch), grid_names=("c", "hv", "b"),
+        interpret=interpret,
+    )(q, states, w, u, p, e)
+
+
+def backward(q, states, w, u, p, e, d_out, *, scale, interpret=None):
+    """(dq [B, Tp, HV, K] float32, dS, dW, dU, dP, de); see the module docstring."""
+    batch, num_heads, key_dim, num_chunks, num_v_heads, value_dim = _shapes(q, states)
+    group = num_v_heads // num_heads
+    op_dtype, c = q.dtype, CHUNK
+    check_smem("chunk output backward kernel",
+               smem_bytes(key_dim, value_dim, jnp.bfloat16, True), key_dim, value_dim)
+
+    def kernel(q_ref, s_ref, w_ref, u_ref, p_ref, e_ref, do_ref,
+               dq_ref, ds_ref, dw_ref, du_ref, dp_ref, de_ref,
+               q_s, s_s, w_s, u_s, p_s, e_s, do_s, d_s, n_s, dn_s, dw_s, dq_s, ds_s, de_s,
+               loaded):
+        chunk, head, b = (lax.axis_index(n) for n in ("c", "hv", "b"))
+        tokens = pl.ds(chunk * c, c)
+        for src, dst in ((q_ref.at[b, tokens, head // group], q_s),
+                         (s_ref.at[chunk, b, head], s_s), (w_ref.at[chunk, b, head], w_s),
+                         (u_ref.at[chunk, b, head], u_s), (p_ref.at[chunk, b, head], p_s),
+                         (e_ref.at[chunk, b, head], e_s), (do_ref.at[b, tokens, head], do_s)):
+            plgpu.copy_gmem_to_smem(src, dst, loaded)
+        plgpu.barrier_wait(loaded)
+
+        shape = (c, value_dim)
+        d_out_f32 = do_s[...].astype(jnp.float32)
+        de_s.at[0][...] = scale * jnp.sum(d_out_f32 * matmul(q_s, s_s, shape), axis=1)
+        d_s[...] = (scale * _column(e_s, value_dim) * d_out_f32).astype(op_dtype)
+        n_s[...] = (u_s[...] - matmul(w_s, s_s, shape)).astype(op_dtype)
+        plgpu.commit_smem()
+
+        d_new = matmul(p_s.T, do_s, shape)
+        p_s[...] = matmul(do_s, n_s.T, (c, c)).astype(op_dtype)                 # dP
+        u_s[...] = d_new                                                        # dU
+        dn_s[...] = (-d_new).astype(op_dtype)                                   # -dN
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(p_s, dp_ref.at[chunk, b, head])
+        plgpu.copy_smem_to_gmem(u_s, du_ref.at[chunk, b, head])
+        plgpu.copy_smem_to_gmem(de_s, de_ref.at[chunk, b, head])
+
+        dq_s[...] = matmul(d_s, s_s.T, (c, key_dim))
+
+        def state_gradient(acc):
+            plgpu.wgmma(acc, q_s.T, d_s)
+            plgpu.wgmma(acc, w_s.T, dn_s)
+            return acc[...]
+        ds_s[...] = pl.run_scoped(state_gradient, plgpu.ACC((key_dim, value_dim), jnp.float32))
+        dw_s[...] = matmul(dn_s, s_s.T, (c, key_dim)).astype(op_dtype)
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(dq_s, dq_ref.at[b, tokens, head])
+        plgpu.copy_smem_to_gmem(ds_s, ds_ref.at[chunk, b, head])
+        plgpu.copy_smem_to_gmem(dw_s, dw_ref.at[chunk, b, head])
+        plgpu.wait_smem_to_gmem(0)
+
+    chunk_major = (num_chunks, batch, num_v_heads)
+    out_type = (jax.ShapeDtypeStruct((batch, q.shape[1], num_v_heads, key_dim), jnp.float32),
+                jax.ShapeDtypeStruct((*chunk_major, key_dim, value_dim), jnp.float32),
+                jax.ShapeDtypeStruct((*chunk_major, c, key_dim), op_dtype),
+                jax.ShapeDtypeStruct((*chunk_major, c, value_dim), jnp.float32),
+                jax.ShapeDtypeStruct((*chunk_major, c, c), op_dtype),
+                jax.ShapeDtypeStruct((*chunk_major, 1, c), jnp.float32))
+    scratch = (swizzled_smem((c, key_dim), op_dtype),          # Q
+               swizzled_smem((key_dim, value_dim), op_dtype),  # S
+               swizzled_smem((c, key_dim), op_dtype),          # W
+               swizzled_smem((c, value_dim), jnp.float32),     # U, then dU
+               swizzled_smem((c, c), op_dtype),                # P, then dP
+               plgpu.SMEM((1, c), jnp.float32),                # e
+               swizzled_smem((c, value_dim), op_dtype),        # dO
+               swizzled_smem((c, value_dim), op_dtype),        # D = scale diag(e) dO
+               swizzled_smem((c, value_dim), op_dtype),        # N
+               swizzled_smem((c, value_dim), op_dtype),        # -dN
+               swizzled_smem((c, key_dim), op_dtype),          # dW
+               swizzled_smem((c, key_dim), jnp.float32),       # dq
+               swizzled_smem((key_dim, value_dim), jnp.float32),  # dS
+               plgpu.SMEM((1, c), jnp.float32),                # de
+               plgpu.Barrier(num_arrivals=7))
+    kernel.__name__ = "delta_rule_chunk_outputs_backward"  # the kernel's name in profiles
+    return plgpu.kernel(
+        kernel, out_type=out_type, scratch_types=scratch,
+        grid=(num_chunks, num_v_heads, batch), grid_names=("c", "hv", "b"),
+        interpret=interpret,
+    )(q, states, w, u, p, e, d_out)
