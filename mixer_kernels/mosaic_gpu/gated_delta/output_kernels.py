@@ -25,8 +25,10 @@ operand dtype (XLA rounds the float32 states in one pass), U in float32.
        dS [N, B, HV, K, V] float32, dW [N, B, HV, C, K] (q's dtype), dU [N, B, HV, C, V]
        float32, dP [N, B, HV, C, C] (q's dtype), de [N, B, HV, 1, C] float32
 
-Value head hv reads q head hv // (HV // H). Shared memory of the backward is reused: dP is
-staged in P's place, dU in U's.
+Value head hv reads q head hv // (HV // H). Shared memory is reused: O is staged in U's
+place; in the backward dP in P's, dU in U's, D in dO's and, for K = V, dq in U's (once dU has
+left) and dW in N's. Then a block needs 57 / 90 KiB (forward / backward) at K = V = 64 and
+121 / 218 KiB at K = V = 128 (bf16).
 """
 
 import jax
@@ -40,13 +42,16 @@ from mixer_kernels.mosaic_gpu.common import matmul, swizzled_smem
 
 
 def smem_bytes(key_dim, value_dim, operand_dtype, backward: bool) -> int:
-    """Shared memory of one block (inputs, work tiles, output staging, barriers)."""
+    """Shared memory of one block (inputs, work tiles, output staging, barriers; the reuse of
+    the module docstring)."""
     c, op = CHUNK, jnp.dtype(operand_dtype).itemsize
     inputs = (2 * c * key_dim + key_dim * value_dim + c * c) * op + c * value_dim * 4 + c * 4
     if not backward:
-        return inputs + c * value_dim * op + c * value_dim * 4 + 1024    # N, O
-    work = 4 * c * value_dim * op + c * key_dim * op                    # dO, D, N, dN, dW
-    staging = c * key_dim * 4 + key_dim * value_dim * 4 + c * 4         # dq, dS, de
+        return inputs + c * value_dim * op + 1024                          # N
+    work = 3 * c * value_dim * op                                       # dO then D, N, dN
+    staging = key_dim * value_dim * 4 + c * 4                           # dS, de
+    if key_dim != value_dim:
+        staging += c * key_dim * (op + 4)                               # dW, dq
     return inputs + work + staging + 1024
 
 
@@ -76,7 +81,7 @@ def forward(q, states, w, u, p, e, *, scale, interpret=None):
                key_dim, value_dim)
 
     def kernel(q_ref, s_ref, w_ref, u_ref, p_ref, e_ref, o_ref,
-               q_s, s_s, w_s, u_s, p_s, e_s, n_s, o_s, loaded):
+               q_s, s_s, w_s, u_s, p_s, e_s, n_s, loaded):
         chunk, head, b = (lax.axis_index(n) for n in ("c", "hv", "b"))
         tokens = pl.ds(chunk * c, c)
         for src, dst in ((q_ref.at[b, tokens, head // group], q_s),
@@ -89,19 +94,18 @@ def forward(q, states, w, u, p, e, *, scale, interpret=None):
         n_s[...] = (u_s[...] - matmul(w_s, s_s, (c, value_dim))).astype(op_dtype)
         plgpu.commit_smem()
         from_state = matmul(q_s, s_s, (c, value_dim))
-        o_s[...] = scale * _column(e_s, value_dim) * from_state + matmul(p_s, n_s, (c, value_dim))
+        u_s[...] = scale * _column(e_s, value_dim) * from_state + matmul(p_s, n_s, (c, value_dim))
         plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(o_s, o_ref.at[b, tokens, head])
+        plgpu.copy_smem_to_gmem(u_s, o_ref.at[b, tokens, head])
         plgpu.wait_smem_to_gmem(0)
 
     scratch = (swizzled_smem((c, key_dim), op_dtype),          # Q
                swizzled_smem((key_dim, value_dim), op_dtype),  # S
                swizzled_smem((c, key_dim), op_dtype),          # W
-               swizzled_smem((c, value_dim), jnp.float32),     # U
+               swizzled_smem((c, value_dim), jnp.float32),     # U, then O
                swizzled_smem((c, c), op_dtype),                # P
                plgpu.SMEM((1, c), jnp.float32),                # e
                swizzled_smem((c, value_dim), op_dtype),        # N
-               swizzled_smem((c, value_dim), jnp.float32),     # O
                plgpu.Barrier(num_arrivals=6))
     kernel.__name__ = "delta_rule_chunk_outputs"  # the kernel's name in profiles
     out_type = jax.ShapeDtypeStruct((batch, q.shape[1], num_v_heads, value_dim), jnp.float32)
@@ -122,8 +126,9 @@ def backward(q, states, w, u, p, e, d_out, *, scale, interpret=None):
 
     def kernel(q_ref, s_ref, w_ref, u_ref, p_ref, e_ref, do_ref,
                dq_ref, ds_ref, dw_ref, du_ref, dp_ref, de_ref,
-               q_s, s_s, w_s, u_s, p_s, e_s, do_s, d_s, n_s, dn_s, dw_s, dq_s, ds_s, de_s,
-               loaded):
+               q_s, s_s, w_s, u_s, p_s, e_s, do_s, n_s, dn_s, ds_s, de_s, loaded,
+               *separate):
+        dw_s, dq_s = separate if separate else (n_s, u_s)
         chunk, head, b = (lax.axis_index(n) for n in ("c", "hv", "b"))
         tokens = pl.ds(chunk * c, c)
         for src, dst in ((q_ref.at[b, tokens, head // group], q_s),
@@ -134,9 +139,8 @@ def backward(q, states, w, u, p, e, d_out, *, scale, interpret=None):
         plgpu.barrier_wait(loaded)
 
         shape = (c, value_dim)
-        d_out_f32 = do_s[...].astype(jnp.float32)
-        de_s.at[0][...] = scale * jnp.sum(d_out_f32 * matmul(q_s, s_s, shape), axis=1)
-        d_s[...] = (scale * _column(e_s, value_dim) * d_out_f32).astype(op_dtype)
+        from_state = matmul(q_s, s_s, shape)
+        de_s.at[0][...] = scale * jnp.sum(do_s[...].astype(jnp.float32) * from_state, axis=1)
         n_s[...] = (u_s[...] - matmul(w_s, s_s, shape)).astype(op_dtype)
         plgpu.commit_smem()
 
@@ -148,15 +152,20 @@ def backward(q, states, w, u, p, e, d_out, *, scale, interpret=None):
         plgpu.copy_smem_to_gmem(p_s, dp_ref.at[chunk, b, head])
         plgpu.copy_smem_to_gmem(u_s, du_ref.at[chunk, b, head])
         plgpu.copy_smem_to_gmem(de_s, de_ref.at[chunk, b, head])
-
-        dq_s[...] = matmul(d_s, s_s.T, (c, key_dim))
+        do_s[...] = (scale * _column(e_s, value_dim)
+                     * do_s[...].astype(jnp.float32)).astype(op_dtype)       # D
+        plgpu.commit_smem()
 
         def state_gradient(acc):
-            plgpu.wgmma(acc, q_s.T, d_s)
+            plgpu.wgmma(acc, q_s.T, do_s)
             plgpu.wgmma(acc, w_s.T, dn_s)
             return acc[...]
         ds_s[...] = pl.run_scoped(state_gradient, plgpu.ACC((key_dim, value_dim), jnp.float32))
         dw_s[...] = matmul(dn_s, s_s.T, (c, key_dim)).astype(op_dtype)
+        d_q = matmul(do_s, s_s.T, (c, key_dim))
+        if not separate:
+            plgpu.wait_smem_to_gmem(0, wait_read_only=True)       # dU has left U's place
+        dq_s[...] = d_q
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(dq_s, dq_ref.at[b, tokens, head])
         plgpu.copy_smem_to_gmem(ds_s, ds_ref.at[chunk, b, head])
@@ -173,18 +182,18 @@ def backward(q, states, w, u, p, e, d_out, *, scale, interpret=None):
     scratch = (swizzled_smem((c, key_dim), op_dtype),          # Q
                swizzled_smem((key_dim, value_dim), op_dtype),  # S
                swizzled_smem((c, key_dim), op_dtype),          # W
-               swizzled_smem((c, value_dim), jnp.float32),     # U, then dU
+               swizzled_smem((c, value_dim), jnp.float32),     # U, then dU, dq (K = V)
                swizzled_smem((c, c), op_dtype),                # P, then dP
                plgpu.SMEM((1, c), jnp.float32),                # e
-               swizzled_smem((c, value_dim), op_dtype),        # dO
-               swizzled_smem((c, value_dim), op_dtype),        # D = scale diag(e) dO
-               swizzled_smem((c, value_dim), op_dtype),        # N
+               swizzled_smem((c, value_dim), op_dtype),        # dO, then D = scale diag(e) dO
+               swizzled_smem((c, value_dim), op_dtype),        # N, then dW (K = V)
                swizzled_smem((c, value_dim), op_dtype),        # -dN
-               swizzled_smem((c, key_dim), op_dtype),          # dW
-               swizzled_smem((c, key_dim), jnp.float32),       # dq
                swizzled_smem((key_dim, value_dim), jnp.float32),  # dS
                plgpu.SMEM((1, c), jnp.float32),                # de
                plgpu.Barrier(num_arrivals=7))
+    if key_dim != value_dim:
+        scratch += (swizzled_smem((c, key_dim), op_dtype),      # dW
+                    swizzled_smem((c, key_dim), jnp.float32))   # dq
     kernel.__name__ = "delta_rule_chunk_outputs_backward"  # the kernel's name in profiles
     return plgpu.kernel(
         kernel, out_type=out_type, scratch_types=scratch,

@@ -84,7 +84,7 @@ def test_kernels_match_the_oracle_and_its_autodiff(name):
 
 
 @pytest.mark.parametrize("key_dim, value_dim, backward", [
-    (64, 64, False), (64, 64, True), (128, 128, False), (128, 64, True)])
+    (64, 64, False), (64, 64, True), (128, 128, True), (128, 64, True)])
 def test_kernels_lower_to_mosaic_gpu(key_dim, value_dim, backward):
     """CUDA lowering on the CPU (bf16, grouped heads) runs Mosaic GPU's layout inference, which
     interpret mode skips (the e column, the row sums of de, transposed operands)."""
@@ -98,21 +98,38 @@ def test_kernels_lower_to_mosaic_gpu(key_dim, value_dim, backward):
 
 
 def test_shared_memory_limits_are_stated():
-    """K = V = 64 fits both kernels, K = V = 128 the forward only; a block too large for
+    """K, V in {64, 128} fit both kernels, a 256 the forward at most; a block too large for
     shared memory is refused with a message naming the kernel and the head dims."""
-    assert output_kernels.fits(64, 64, backward=True)
-    assert output_kernels.fits(128, 128, backward=False)
-    assert not output_kernels.fits(128, 128, backward=True)
-    args, d_out = _inputs(0, 1, 1, 1, 1, 128, 128, jnp.bfloat16)
-    with pytest.raises(ValueError, match="chunk output backward kernel.*K = 128, V = 128"):
+    for key_dim, value_dim in ((64, 64), (128, 128), (64, 128)):
+        assert output_kernels.fits(key_dim, value_dim, backward=True)
+    assert output_kernels.fits(64, 256, backward=False)
+    assert not output_kernels.fits(64, 256, backward=True)
+    assert not output_kernels.fits(256, 256, backward=False)
+    args, d_out = _inputs(0, 1, 1, 1, 1, 64, 256, jnp.bfloat16)
+    with pytest.raises(ValueError, match="chunk output backward kernel.*K = 64, V = 256"):
         output_kernels.backward(*args, d_out, scale=SCALE)
+
+
+def test_forward_kernel_with_xla_backward_where_the_backward_does_not_fit():
+    """K = 64, V = 256: `vjp.chunk_outputs_pallas` runs the forward kernel and autodiff of XLA's
+    `chunk_outputs` for the backward; both against `chunk_outputs` alone (float32)."""
+    (q, states, w, u, p, e), d_out = _inputs(case_seed(528), 1, 2, 1, 2, 64, 256, jnp.float32)
+    args = (q, states, w, u, p, e[..., 0, :])
+    want, pull = jax.vjp(lambda *xs: vjp.chunk_outputs(*xs, SCALE, jnp.float32), *args)
+    with interpret.gpu_interpret():
+        got, pull_got = jax.vjp(
+            lambda *xs: vjp.chunk_outputs_pallas(*xs, SCALE, jnp.float32), *args)
+        got_grads = pull_got(d_out)
+    assert _rel(got, want) < 1e-5, _rel(got, want)
+    for label, a, b in zip(("dq", "dS", "dW", "dU", "dP", "de"), got_grads, pull(d_out)):
+        assert _rel(a, b) < 1e-5, (label, _rel(a, b))
 
 
 @pytest.mark.parametrize("outputs, dim", [("xla", 64), ("pallas", 128)])
 def test_op_through_each_output_path_matches_the_oracle(monkeypatch, outputs, dim):
-    """The op with the outputs in XLA (`vjp.OUTPUTS = "xla"`), and at K = V = 128 with the
-    forward kernel and XLA's backward (the backward kernel does not fit): output and gradients
-    of q, k, v, g, beta against the token-by-token oracle (float32, ragged T, a reset, HV = 2H)."""
+    """The op with the outputs in XLA (`vjp.OUTPUTS = "xla"`), and with the kernels at
+    K = V = 128: output and gradients of q, k, v, g, beta against the token-by-token oracle
+    (float32, ragged T, a reset, HV = 2H)."""
     monkeypatch.setattr(vjp, "OUTPUTS", outputs)
     args, segment_ids, d_out = op_arguments(case_seed(530 + dim), 100, dim=dim, boundary=40)
 
