@@ -3,6 +3,7 @@
     python benchmarks/op_trace.py fpa --shape 4,4096,12,64 --fields walk [--out DIR]
     python benchmarks/op_trace.py gdn --shape 4,4096,16,128 [--intra-backward pallas]
         [--residuals internals|inputs] [--xla-operands float32|16-bit] [--outputs xla|pallas]
+        [--state-gradients xla|pallas]
     python benchmarks/op_trace.py fpa|fox|softmax ... [--overlap none|dq|dkv|both]
     python benchmarks/op_trace.py fpa ... [--field-passes kernels|by_level|all_levels]
     python benchmarks/op_trace.py fpa --shape 4,4096,12,64 1,16384,12,64 --fields walk,flat,fox
@@ -127,7 +128,8 @@ def _knobs(op):
     if op == "gdn":
         from mixer_kernels.mosaic_gpu.gated_delta import vjp
         return {"intra_backward": vjp.INTRA_BACKWARD, "residuals": vjp.RESIDUALS,
-                "xla_operands": vjp.XLA_OPERANDS, "outputs": vjp.OUTPUTS}
+                "xla_operands": vjp.XLA_OPERANDS, "outputs": vjp.OUTPUTS,
+                "state_gradients": vjp.STATE_GRADIENTS}
     from mixer_kernels.mosaic_gpu.attention import backward
     mode = {"fpa": "fpa", "fox": "separable", "softmax": "none"}[op]
     overlap_dq, overlap_dkv = backward.OVERLAP[mode]
@@ -160,6 +162,8 @@ def main():
                              "(vjp.XLA_OPERANDS)")
     parser.add_argument("--outputs", choices=("xla", "pallas"), default=None,
                         help="gdn: the chunk outputs and their backward (vjp.OUTPUTS)")
+    parser.add_argument("--state-gradients", choices=("xla", "pallas"), default=None,
+                        help="gdn: dW, dKw, drho of the state recurrence (vjp.STATE_GRADIENTS)")
     fpa_backward_options.add(parser)
     args = parser.parse_args()
     fpa_backward_options.apply(args)
@@ -168,7 +172,8 @@ def main():
         schedule = (args.overlap in ("dq", "both"), args.overlap in ("dkv", "both"))
         backward.OVERLAP = {mode: schedule for mode in backward.OVERLAP}
     gdn_switches = {"INTRA_BACKWARD": args.intra_backward, "RESIDUALS": args.residuals,
-                    "XLA_OPERANDS": args.xla_operands, "OUTPUTS": args.outputs}
+                    "XLA_OPERANDS": args.xla_operands, "OUTPUTS": args.outputs,
+                    "STATE_GRADIENTS": args.state_gradients}
     if any(value is not None for value in gdn_switches.values()):
         from mixer_kernels.mosaic_gpu.gated_delta import vjp
         for name, value in gdn_switches.items():

@@ -5,6 +5,7 @@ environment, for the GPU scripts beside this file (unset or empty: the library's
     XLA_OPERANDS  "float32" | "16-bit"      vjp.XLA_OPERANDS
     RESIDUALS     "internals" | "inputs"    vjp.RESIDUALS
     OUTPUTS       "xla" | "pallas"          vjp.OUTPUTS
+    STATE_GRADIENTS  "xla" | "pallas"       vjp.STATE_GRADIENTS
     CONV          "xla"                     the short convolutions without their kernel backward
     FIELDS        "by_level" | "kernels" | "all_levels"   .../attention/fields.py FIELD_PASSES
 
@@ -20,7 +21,8 @@ from mixer_kernels.mosaic_gpu.gated_delta import vjp
 from train.cli.entry import main
 
 for name, attribute in (("INTRA", "INTRA_BACKWARD"), ("XLA_OPERANDS", "XLA_OPERANDS"),
-                        ("RESIDUALS", "RESIDUALS"), ("OUTPUTS", "OUTPUTS")):
+                        ("RESIDUALS", "RESIDUALS"), ("OUTPUTS", "OUTPUTS"),
+                        ("STATE_GRADIENTS", "STATE_GRADIENTS")):
     if os.environ.get(name):
         setattr(vjp, attribute, os.environ[name])
 if os.environ.get("FIELDS"):

@@ -13,7 +13,8 @@ Backward (`backward_states`), the reverse recurrence of the cotangents, lambda_N
     dU_c       = Kw_c lambda_{c+1}                          [C, V]
     lambda_c   = G_c + rho_c lambda_{c+1} - W_c^T dU_c       G_c = cotangent of S_c
 
-returns lambda_{c+1} per chunk [N, B, HV, K, V], dU [N, B, HV, C, V] and lambda_0 (= dS_0).
+returns lambda_{c+1} per chunk [N, B, HV, K, V] (float32, or the operand dtype), dU
+[N, B, HV, C, V] and lambda_0 (= dS_0).
 
 Chunk-major layouts: Kw, W [N, B, HV, C, K]; U [N, B, HV, C, V]; rho [B, HV, N4] (N padded to
 a multiple of 4 for the copy engine; the row travels in copies of at most TMA_MAX_ELEMENTS,
@@ -211,8 +212,11 @@ def forward_states(kw, w, u, rho, s0, *, tiling: Tiling, interpret=None):
                    batch, interpret, kw, w, u, rho, s0)
 
 
-def backward_states(kw, w, d_states, rho, d_final, *, tiling: Tiling, interpret=None):
-    """Reverse recurrence: (lambda_{c+1} per chunk, dU, dS_0); see the module docstring."""
+def backward_states(kw, w, d_states, rho, d_final, *, tiling: Tiling, lambdas_16bit=False,
+                    interpret=None):
+    """Reverse recurrence: (lambda_{c+1} per chunk, dU, dS_0); see the module docstring.
+    lambdas_16bit: the lambdas leave in the operand dtype (as rounded for the products), not
+    float32."""
     num_chunks, batch, num_v_heads, chunk, key_dim = w.shape
     vt = tiling.value_tile
     op_dtype = w.dtype
@@ -243,7 +247,8 @@ def backward_states(kw, w, d_states, rho, d_final, *, tiling: Tiling, interpret=
             def _prefetch():
                 fetch(c - 1, 1 - slot)
 
-            plgpu.copy_smem_to_gmem(lam_smem, lambdas_ref.at[c, b, head, :, columns])
+            plgpu.copy_smem_to_gmem(lam16_smem if lambdas_16bit else lam_smem,
+                                    lambdas_ref.at[c, b, head, :, columns])
             d_u = matmul(kw_smem.at[slot], lam16_smem, (chunk, vt))
             du_smem[...] = d_u
             du16_smem[...] = d_u.astype(op_dtype)
@@ -262,7 +267,8 @@ def backward_states(kw, w, d_states, rho, d_final, *, tiling: Tiling, interpret=
     value_dim = tiling.value_dim
     swizzle = _operand_swizzle(tiling, op_dtype)
     out_type = (
-        jax.ShapeDtypeStruct((num_chunks, batch, num_v_heads, key_dim, value_dim), jnp.float32),
+        jax.ShapeDtypeStruct((num_chunks, batch, num_v_heads, key_dim, value_dim),
+                             op_dtype if lambdas_16bit else jnp.float32),
         jax.ShapeDtypeStruct((num_chunks, batch, num_v_heads, chunk, value_dim), jnp.float32),
         jax.ShapeDtypeStruct((batch, num_v_heads, key_dim, value_dim), jnp.float32))
     scratch = (  # the stream's value tile: G, the cotangent of S_c

@@ -14,7 +14,8 @@ run in `output_kernels.forward` and their backward in `output_kernels.backward` 
 
 The sequential part, S_{c+1} = rho_c S_c + Kw_c^T (U_c - W_c S_c) with Kw_c = diag(Gamma_{C,:})
 K_c and rho_c = e_C, runs in `state_kernels.forward_states`; its `jax.custom_vjp` backward runs
-the reverse recurrence in `state_kernels.backward_states` and forms, batched over chunks,
+the reverse recurrence in `state_kernels.backward_states` and forms, batched over chunks, in
+`state_gradient_kernel.state_gradients` (or XLA's products: switch `STATE_GRADIENTS`)
 
     dW_c = -dU_c S_c^T   dKw_c = (U_c - W_c S_c) lambda_{c+1}^T   drho_c = <S_c, lambda_{c+1}>
 
@@ -37,8 +38,9 @@ import jax
 import jax.numpy as jnp
 
 from mixer_core.delta_rule_math import compute_dtype
-from mixer_kernels.mosaic_gpu.gated_delta import (output_kernels, state_kernels, wy,
-                                                  wy_backward_kernel, wy_kernel)
+from mixer_kernels.mosaic_gpu.gated_delta import (output_kernels, state_gradient_kernel,
+                                                  state_kernels, wy, wy_backward_kernel,
+                                                  wy_kernel)
 from mixer_core.interpret import interpret_active
 from mixer_core.padding import pad_time
 from mixer_kernels.mosaic_gpu.gated_delta.common import CHUNK
@@ -72,10 +74,17 @@ XLA_OPERANDS = "float32"
 RESIDUALS = "inputs"
 
 # The chunk outputs O_c and their backward: "pallas" runs `output_kernels.forward` and
-# `.backward` (16-bit operands, float32 accumulation) where their shared memory fits (K = V =
-# 64 both, K = V = 128 the forward; XLA's products otherwise); "xla" runs `chunk_outputs`, XLA
-# products with operands by `XLA_OPERANDS`. Read when the op is traced.
+# `.backward` (16-bit operands, float32 accumulation) where their shared memory fits (K, V in
+# {64, 128} both; XLA's products otherwise); "xla" runs `chunk_outputs`, XLA products with
+# operands by `XLA_OPERANDS`. Read when the op is traced.
 OUTPUTS = "pallas"
+
+# The per-chunk gradients of the state recurrence's inputs (dW, dKw, drho from dU, lambda and
+# the entering states): "pallas" runs `state_gradient_kernel.state_gradients` (16-bit operands,
+# float32 accumulation; the reverse recurrence then writes its lambdas in 16 bits) where its
+# shared memory fits (K, V in {64, 128}); "xla" forms them in XLA products with operands by
+# `XLA_OPERANDS`. Read when the backward is traced.
+STATE_GRADIENTS = "pallas"
 
 
 def _manual_axes(*arrays):
@@ -122,16 +131,25 @@ def _folding_batch_axes(kernel, in_axes, out_axes):
 
 
 @functools.cache
-def _kernels(tiling):
+def _kernels(tiling, lambdas_16bit=False):
     """(forward, backward) state kernels for one tiling, batchable by vmap; each behind one
     jax.jit, so the layers of a model share one traced program, lowered once per step."""
     forward = _folding_batch_axes(
         jax.jit(functools.partial(state_kernels.forward_states, tiling=tiling)),
         in_axes=(1, 1, 1, 0, 0), out_axes=(1, 0))
     backward = _folding_batch_axes(
-        jax.jit(functools.partial(state_kernels.backward_states, tiling=tiling)),
+        jax.jit(functools.partial(state_kernels.backward_states, tiling=tiling,
+                                  lambdas_16bit=lambdas_16bit)),
         in_axes=(1, 1, 1, 0, 0), out_axes=(1, 1, 0))
     return forward, backward
+
+
+@functools.cache
+def _state_gradient_kernel():
+    """`state_gradient_kernel.state_gradients` behind one jax.jit, batchable by vmap (B is
+    axis 1 of every array)."""
+    return _folding_batch_axes(jax.jit(state_gradient_kernel.state_gradients),
+                               in_axes=(1,) * 5, out_axes=(1,) * 3)
 
 
 def _xla_operands(op_dtype, dtype):
@@ -188,12 +206,19 @@ def _state_recurrence_fwd(kw, w, u, rho, s0, tiling):
 def _state_recurrence_bwd(tiling, residuals, cotangents):
     kw, w, u, rho, states = residuals
     d_states, d_final = cotangents
-    lambdas, d_u, d_s0 = _kernels(tiling)[1](kw, w, d_states, rho, d_final)
-    operands = _xla_operands(w.dtype, jnp.float32)
-    d_w = -_product("nbhcv,nbhkv->nbhck", d_u, states, operands)
-    new_values = u - _product("nbhck,nbhkv->nbhcv", w, states, operands)
-    d_kw = _product("nbhcv,nbhkv->nbhck", new_values, lambdas, operands)
-    d_rho = jnp.einsum("nbhkv,nbhkv->bhn", states, lambdas)
+    if STATE_GRADIENTS not in ("pallas", "xla"):
+        raise ValueError(f"STATE_GRADIENTS: expected 'pallas' or 'xla', got {STATE_GRADIENTS!r}")
+    in_kernel = STATE_GRADIENTS == "pallas" and state_gradient_kernel.fits(*states.shape[-2:])
+    lambdas, d_u, d_s0 = _kernels(tiling, in_kernel)[1](kw, w, d_states, rho, d_final)
+    if in_kernel:
+        d_w, d_kw, rows = _state_gradient_kernel()(states.astype(w.dtype), lambdas, d_u, u, w)
+        d_rho = jnp.moveaxis(rows[..., 0, :].sum(-1), 0, -1)                    # [B, HV, N]
+    else:
+        operands = _xla_operands(w.dtype, jnp.float32)
+        d_w = -_product("nbhcv,nbhkv->nbhck", d_u, states, operands)
+        new_values = u - _product("nbhck,nbhkv->nbhcv", w, states, operands)
+        d_kw = _product("nbhcv,nbhkv->nbhck", new_values, lambdas, operands)
+        d_rho = jnp.einsum("nbhkv,nbhkv->bhn", states, lambdas)
     d_rho = jnp.pad(d_rho, [(0, 0), (0, 0), (0, rho.shape[-1] - d_rho.shape[-1])])
     return d_kw.astype(kw.dtype), d_w.astype(w.dtype), d_u, d_rho, d_s0
 
