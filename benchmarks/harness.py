@@ -84,6 +84,9 @@ def parse_args(benchmark: Benchmark, argv=None):
                              "directory, removed at the end)")
     parser.add_argument("--repeats", type=int, default=None,
                         help="timed calls per measurement (default 5 on CPU, 30 on GPU)")
+    parser.add_argument("--calls-per-sample", type=int, default=1,
+                        help="back-to-back calls per timed sample, one synchronisation at its "
+                             "end (both sides; 1: every call synchronised alone)")
     parser.add_argument("--warmup", type=int, default=None,
                         help="untimed calls first (default 1 on CPU, 3 on GPU)")
     parser.add_argument("--anchor", default=None, help="entry that ratios are taken against")
@@ -125,7 +128,7 @@ def _jax_row(entry, inputs, args, outputs, references, work_dir, tag):
         row["error"] = f"not timed: compiled peak above --memory-limit-gib {args.memory_limit_gib}"
         return row
     row["fwd_ms"] = timing.jax_median_ms(forward, *call_args, warmup=args.warmup,
-                                         repeats=args.repeats)
+                                         repeats=args.repeats, calls=args.calls_per_sample)
     if name in references or reference is not None:
         out = np.asarray(forward(*call_args), np.float32)
         if name in references:
@@ -156,7 +159,7 @@ def _jax_backward(fn, call_args, args, limit):
                         f"{args.memory_limit_gib}")
         return row
     row["fwdbwd_ms"] = timing.jax_median_ms(train, *train_args, warmup=args.warmup,
-                                            repeats=args.repeats)
+                                            repeats=args.repeats, calls=args.calls_per_sample)
     return row
 
 
@@ -262,11 +265,12 @@ def _torch_row(torch, entry, inputs, device, args, work_dir, tag):
         fn(*leaves).backward(cotangent)
 
     row = dict(fwd_bytes=timing.torch_peak_bytes(forward, device))
-    row["fwd_ms"] = timing.torch_median_ms(forward, device, args.warmup, args.repeats)
+    row["fwd_ms"] = timing.torch_median_ms(forward, device, args.warmup, args.repeats,
+                                           args.calls_per_sample)
     try:
         row["fwdbwd_bytes"] = timing.torch_peak_bytes(forward_backward, device)
         row["fwdbwd_ms"] = timing.torch_median_ms(forward_backward, device, args.warmup,
-                                                  args.repeats)
+                                                  args.repeats, args.calls_per_sample)
     except Exception as error:  # keep the forward when only the backward refuses
         row["error"] = f"backward: {type(error).__name__}: {error}".splitlines()[0][:300]
     finally:

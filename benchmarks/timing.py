@@ -1,7 +1,9 @@
 """Measurement helpers shared by the benchmark scripts; no framework is imported at load time.
 
     jax_median_ms(fn, *args)      `warmup` calls, then the median wall time (ms) of `repeats`
-                                  calls, each ended by jax.block_until_ready
+                                  samples, each `calls` back-to-back calls ended by one
+                                  jax.block_until_ready, per call (calls = 1: each call alone,
+                                  with its dispatch and synchronisation)
     torch_median_ms(fn, device)   the same for PyTorch: CUDA events on "cuda", else perf_counter
     compiled_memory(compiled)     XLA's memory analysis of a compiled program, in bytes:
                                   {argument, output, temp, alias}; peak = argument + output + temp
@@ -16,7 +18,7 @@ import statistics
 import time
 
 
-def jax_median_ms(fn, *args, warmup=3, repeats=10):
+def jax_median_ms(fn, *args, warmup=3, repeats=10, calls=1):
     import jax
 
     for _ in range(warmup):
@@ -24,32 +26,35 @@ def jax_median_ms(fn, *args, warmup=3, repeats=10):
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append((time.perf_counter() - start) * 1e3)
+        results = [fn(*args) for _ in range(calls)]
+        jax.block_until_ready(results)
+        times.append((time.perf_counter() - start) * 1e3 / calls)
     return statistics.median(times)
 
 
-def torch_median_ms(fn, device, warmup=3, repeats=10):
-    import torch
-
+def torch_median_ms(fn, device, warmup=3, repeats=10, calls=1):
     for _ in range(warmup):
         fn()
     if device != "cuda":
         times = []
         for _ in range(repeats):
             start = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - start) * 1e3)
+            for _ in range(calls):
+                fn()
+            times.append((time.perf_counter() - start) * 1e3 / calls)
         return statistics.median(times)
+    import torch
+
     torch.cuda.synchronize()
     times = []
     for _ in range(repeats):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        fn()
+        for _ in range(calls):
+            fn()
         end.record()
         torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
+        times.append(start.elapsed_time(end) / calls)
     return statistics.median(times)
 
 
