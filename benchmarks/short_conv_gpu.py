@@ -1,15 +1,15 @@
 """The gated delta layer's short convolution on the GPU: "pallas" against "xla".
 
-Forward+backward time and gradient error of "pallas" (kernel backward; XLA forms dx from the
-kernel's d total) against "xla".
+Forward+backward time, output and gradient error of "pallas" (forward kernel; backward kernel,
+XLA forms dx from its d total) against "xla".
 
     python benchmarks/short_conv_gpu.py [--shape 8,2048,768] [--heads 12] [--repeats 20] [--trace]
 
 At (B, T, C) with documents of about 500 tokens, bf16 x and float32 taps (the gdn_125m
 shape), with L2-normalised heads (q and k) and without (v): the median ms of a jitted
-forward+backward of "xla" and of "pallas", and the relative L2 error of dx and d taps against
-float32 ("xla" on the same rounded x). Exits 1 when "pallas" is more than 1.5x as far from
-float32 as "xla" (plus 1e-3). `--trace`: then each one's forward+backward under jax.profiler,
+forward+backward of "xla" and of "pallas", and the relative L2 error of y, dx and d taps
+against float32 ("xla" on the same rounded x). Exits 1 when "pallas" is more than 1.5x as far
+from float32 as "xla" (plus 1e-3). `--trace`: then each one's forward+backward under jax.profiler,
 device ms per kernel (the kernel and every XLA fusion around it), costliest first.
 """
 
@@ -26,6 +26,14 @@ import numpy as np  # noqa: E402
 
 from gdn_jax.ops.short_conv import short_conv  # noqa: E402
 from benchmarks.op_trace import device_ms_per_call  # noqa: E402
+
+
+def output_fn(implementation, segment_ids, heads, x, kernel):
+    """The compiled forward y (float32)."""
+    def run(x, kernel):
+        return short_conv(x, kernel, segment_ids, dtype=x.dtype, normalize_heads=heads,
+                          implementation=implementation).astype(jnp.float32)
+    return jax.jit(run).lower(x, kernel).compile()
 
 
 def gradient_fn(implementation, segment_ids, heads, args):
@@ -69,22 +77,26 @@ def main():
     inputs = (x, kernel, cotangent)
     worst = 0.0
     functions = {}    # (heads, implementation): compiled gradients
-    print("| heads | xla ms | pallas ms | ratio | dx err xla / pallas | dk err xla / pallas |")
-    print("|---|---|---|---|---|---|")
+    print("| heads | xla ms | pallas ms | ratio | y err xla / pallas | dx err xla / pallas "
+          "| dk err xla / pallas |")
+    print("|---|---|---|---|---|---|---|")
     for heads in (args.heads, None):
         inputs32 = (x.astype(jnp.float32), kernel, cotangent)
-        exact = gradient_fn("xla", segment_ids, heads, inputs32)(*inputs32)
+        exact = (output_fn("xla", segment_ids, heads, *inputs32[:2])(*inputs32[:2]),
+                 *gradient_fn("xla", segment_ids, heads, inputs32)(*inputs32))
         for implementation in ("xla", "pallas"):
             functions[heads, implementation] = gradient_fn(implementation, segment_ids, heads,
                                                            inputs)
         row = {label: (median_ms(fn, inputs, args.repeats),
-                       [relative(g, e) for g, e in zip(fn(*inputs), exact)])
+                       [relative(g, e) for g, e in zip(
+                           (output_fn(label, segment_ids, heads, x, kernel)(x, kernel),
+                            *fn(*inputs)), exact)])
                for (h, label), fn in functions.items() if h == heads}
         (t_xla, e_xla), (t_pallas, e_pallas) = row["xla"], row["pallas"]
         for ours, theirs in zip(e_pallas, e_xla):
             worst = max(worst, ours - (1.5 * theirs + 1e-3))
         print(f"| {heads or '-'} | {t_xla:.3f} | {t_pallas:.3f} | {t_pallas / t_xla:.2f} | "
-              f"{e_xla[0]:.1e} / {e_pallas[0]:.1e} | {e_xla[1]:.1e} / {e_pallas[1]:.1e} |")
+              + " | ".join(f"{a:.1e} / {b:.1e}" for a, b in zip(e_xla, e_pallas)) + " |")
     if args.trace:
         for (heads, label), fn in functions.items():
             events = list(device_ms_per_call(fn, inputs, args.repeats).items())[:8]

@@ -1,5 +1,4 @@
-"""The gated delta layer's short causal convolution: dispatch between an XLA backward and a
-Pallas kernel backward (same forward).
+"""The gated delta layer's short causal convolution: dispatch between XLA and Pallas kernels.
 
     total_t = sum_{j < W} kernel[j] x_{t - (W-1) + j}      depthwise, per channel; taps that
                                                            reach before t = 0 or into an
@@ -13,10 +12,10 @@ Pallas kernel backward (same forward).
 Implementations (`REGISTRY`, op name "short_conv"; default order ("pallas", "xla")):
   "xla"     the forward under `jax.checkpoint` with nothing saved: the backward recomputes the
             float32 intermediates and XLA differentiates them; runs everywhere
-  "pallas"  the same forward under a custom VJP, saving only x; one Mosaic GPU kernel pass
-            forms the input's gradient and the taps' gradient per block of rows, XLA only
-            the sum of the latter (`mixer_kernels/mosaic_gpu/short_conv/`: the backward and
-            `supports`; XLA forms the input's gradient from the kernel's d total)
+  "pallas"  the forward in one Mosaic GPU kernel pass under a custom VJP, saving only x;
+            one kernel pass forms d total and the taps' gradient per block of rows, XLA
+            the input's gradient from d total and the sum of the taps' gradient
+            (`mixer_kernels/mosaic_gpu/short_conv/`: forward, backward and `supports`)
 An entry is `fn(x, kernel, segment_ids, *, dtype, normalize_heads) -> y`; `supports(**facts)`
 reads `platform_facts()` plus dtype, channels, normalize_heads and kernel_size.
 """
@@ -60,7 +59,8 @@ def same_document(segment_ids: jax.Array | None, length: int, shift: int) -> jax
 
 def conv_forward(x: jax.Array, kernel: jax.Array, segment_ids: jax.Array | None, dtype: Any,
                  normalize_heads: int | None) -> jax.Array:
-    """The forward of every implementation (module docstring)."""
+    """The forward of the "xla" entry (module docstring); the "pallas" forward kernel computes
+    the same."""
     kernel_size, length = kernel.shape[0], x.shape[1]
     kernel = kernel.astype(jnp.float32)
     x32 = x.astype(jnp.float32)
@@ -84,12 +84,14 @@ def short_conv_xla(x, kernel, segment_ids, *, dtype, normalize_heads):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
-def _with_kernel_backward(x, kernel, segment_ids, dtype, normalize_heads):
-    return conv_forward(x, kernel, segment_ids, dtype, normalize_heads)
+def _with_kernels(x, kernel, segment_ids, dtype, normalize_heads):
+    return pallas_backend.conv_forward_pass(x, kernel, segment_ids, dtype=dtype,
+                                            normalize_heads=normalize_heads, eps=L2_NORM_EPS)
 
 
 def _save_inputs(x, kernel, segment_ids, dtype, normalize_heads):
-    return conv_forward(x, kernel, segment_ids, dtype, normalize_heads), (x, kernel, segment_ids)
+    return (_with_kernels(x, kernel, segment_ids, dtype, normalize_heads),
+            (x, kernel, segment_ids))
 
 
 def _kernel_backward(dtype, normalize_heads, residuals, dy):
@@ -100,12 +102,12 @@ def _kernel_backward(dtype, normalize_heads, residuals, dy):
     return dx, d_kernel, None
 
 
-_with_kernel_backward.defvjp(_save_inputs, _kernel_backward)
+_with_kernels.defvjp(_save_inputs, _kernel_backward)
 
 
 def short_conv_pallas(x, kernel, segment_ids, *, dtype, normalize_heads):
-    """The "pallas" entry: `conv_forward`, its backward from the kernel."""
-    return _with_kernel_backward(x, kernel, segment_ids, dtype, normalize_heads)
+    """The "pallas" entry: the forward and the backward from the kernels."""
+    return _with_kernels(x, kernel, segment_ids, dtype, normalize_heads)
 
 
 REGISTRY = Registry("short_conv", default_order=("pallas", "xla"), entries=(

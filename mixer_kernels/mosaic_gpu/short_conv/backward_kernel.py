@@ -1,6 +1,6 @@
 """Pallas Mosaic GPU kernel: the backward of the gated delta layer's short convolution.
 
-Forward (XLA, `gdn_jax.ops.short_conv`), per channel c of a head of D channels:
+Forward (`forward_kernel`), per channel c of a head of D channels:
 
     total_t = sum_{j < W} w[W-1-j] x_{t-j} m_j(t)      m_j(t) = [doc(t - j) == doc(t)]
     a_t     = silu(total_t)
@@ -13,11 +13,8 @@ and its backward, given the cotangent dy:
     dw[W-1-j] = sum_t x_{t-j} m_j(t) dtotal_t
     dx_u      = sum_{s < W} w[W-1-s] m_s(u + s) dtotal_{u+s}
 
-One program per (head, block of n rows, batch), all in float32 registers. A register tile of
-the rows shifted by s (x_{t-s}) comes from its own TMA copy starting at the shifted row in
-global memory: a register load of a shared-memory view starting off a multiple of 8 rows
-reads wrong rows on the H200. The document ids come as one aligned copy per program and are
-read as shifted 1-D views.
+One program per (head, block of n rows, batch), all in float32 registers; the shifted rows
+and total come from `shifted_rows` (copies of x itself, no padded copy).
 
 `conv_backward`: the program returns d total on its rows [B, Tr, H, D] float32 (the caller
 forms dx in one XLA pass) and the taps' gradient per block, dw_part [B, Tr / n, H, W, D]
@@ -35,21 +32,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from mixer_kernels.mosaic_gpu.common import swizzled_smem
 from mixer_kernels.mosaic_gpu.short_conv.common import BLOCK, PAD
-
-
-def _rows(ref, shape):
-    """A [n] float32 view of shared memory in registers as [n, D], one value per row."""
-    return lax.broadcast_in_dim(plgpu.load(ref, layout=plgpu.Layout.WGMMA.reduce(1)), shape, [0])
-
-
-def _columns(ref, shape):
-    """A [D] float32 view of shared memory in registers as [n, D], one value per column."""
-    return lax.broadcast_in_dim(plgpu.load(ref, layout=plgpu.Layout.WGMMA.reduce(0)), shape, [1])
-
-
-def _tile(ref):
-    """An untiled [n, D] shared-memory tile in float32 registers."""
-    return plgpu.load(ref, layout=plgpu.Layout.WGMMA).astype(jnp.float32)
+from mixer_kernels.mosaic_gpu.short_conv.shifted_rows import copy_taps_and_ids, pre_activation
 
 
 def _d_total(total, grad, *, normalize: bool, eps: float):
@@ -66,46 +49,31 @@ def _d_total(total, grad, *, normalize: bool, eps: float):
     return grad * (gate * (1.0 + total * (1.0 - gate)))
 
 
-def conv_backward(xp, dy, idsp, taps, *, normalize: bool, eps: float):
+def conv_backward(x, dy, idsp, taps, *, normalize: bool, eps: float):
     """(dtotal [B, Tr, H, D] float32, dw_part [B, Tr / BLOCK, H, W, D] float32).
 
-    xp: x front-padded by PAD rows [B, PAD + Tr, H, D]; dy [B, Tr, H, D] zero past T; idsp
-    [B, PAD + Tr] float32, the document ids front-padded with -1 (so taps before t = 0 are
-    masked like taps into another document); taps [W, H, D] float32; Tr a multiple of BLOCK.
+    x [B, Tr, H, D]; dy [B, Tr, H, D] zero past T; idsp [B, PAD + Tr] float32, the document ids
+    padded in front with -1 (so taps before t = 0 are masked like taps into another document)
+    and past T with -2;
+    taps [W, H, D] float32; Tr a multiple of BLOCK.
     """
     batch, rows, heads, dim = dy.shape
     width = taps.shape[0]
     n = BLOCK
-    if rows % n or xp.shape[1] != rows + PAD or width > PAD + 1:
-        raise ValueError(f"conv_backward: rows {rows} must be a multiple of {n}, x padded by "
-                         f"{PAD} in front (got {xp.shape[1]} rows), taps <= {PAD + 1} "
-                         f"(got {width})")
+    if rows % n or x.shape[1] != rows or idsp.shape[1] != rows + PAD or width > PAD + 1:
+        raise ValueError(f"conv_backward: rows {rows} must be a multiple of {n} and x's (got "
+                         f"{x.shape[1]}), ids padded by {PAD} in front (got {idsp.shape[1]}), "
+                         f"taps <= {PAD + 1} (got {width})")
 
     def kernel(x_ref, dy_ref, ids_ref, taps_ref, dtotal_ref, dw_ref,
                x_s, dy_s, ids_s, taps_s, dtotal_s, dw_s, loaded):
         h, i, b = lax.axis_index("h"), lax.axis_index("t"), lax.axis_index("b")
-        # tap s: x rows i n - s .. i n + n - 1 - s (one copy each); the ids of rows
-        # i n - PAD .. i n + n - 1 in one aligned copy, read as views
-        for s in range(width):
-            plgpu.copy_gmem_to_smem(x_ref.at[b, pl.ds(i * n + PAD - s, n), h], x_s.at[s],
-                                    loaded.at[0])
-        plgpu.copy_gmem_to_smem(ids_ref.at[b, pl.ds(i * n, PAD + n)], ids_s, loaded.at[0])
+        copy_taps_and_ids(x_ref, ids_ref, x_s, ids_s, loaded.at[0], b=b, i=i, h=h)
         plgpu.copy_gmem_to_smem(dy_ref.at[b, pl.ds(i * n, n), h], dy_s, loaded.at[0])
         plgpu.copy_gmem_to_smem(taps_ref.at[:, h], taps_s, loaded.at[0])
         plgpu.barrier_wait(loaded.at[0])
 
-        shape = (n, dim)
-        tap = lambda j: _columns(taps_s.at[j], shape)
-        own_doc = _rows(ids_s.at[pl.ds(PAD, n)], shape)
-
-        def shifted(s):
-            """x_{t-s} m_s(t) [n, D] float32."""
-            same = _rows(ids_s.at[pl.ds(PAD - s, n)], shape) == own_doc
-            return jnp.where(same, _tile(x_s.at[s]), 0.0)
-
-        total = shifted(0) * tap(width - 1)
-        for s in range(1, width):
-            total = total + shifted(s) * tap(width - 1 - s)
+        total, shifted = pre_activation(x_s, ids_s, taps_s)
         dtotal = _d_total(total, dy_s[...].astype(jnp.float32), normalize=normalize, eps=eps)
         dtotal_s[...] = dtotal
         for s in range(width):
@@ -119,7 +87,7 @@ def conv_backward(xp, dy, idsp, taps, *, normalize: bool, eps: float):
     out_type = (jax.ShapeDtypeStruct((batch, rows, heads, dim), jnp.float32),
                 jax.ShapeDtypeStruct((batch, blocks, heads, width, dim), jnp.float32))
     # x untiled: its copies start at any row (a tiled copy needs rows in multiples of 8)
-    scratch = (plgpu.SMEM((width, n, dim), xp.dtype),
+    scratch = (plgpu.SMEM((width, n, dim), x.dtype),
                swizzled_smem((n, dim), dy.dtype),
                plgpu.SMEM((PAD + n,), jnp.float32),
                plgpu.SMEM((width, dim), jnp.float32),
@@ -129,4 +97,4 @@ def conv_backward(xp, dy, idsp, taps, *, normalize: bool, eps: float):
     kernel.__name__ = "short_conv_backward"  # the kernel's name in profiles
     return plgpu.kernel(kernel, out_type=out_type, scratch_types=scratch,
                         grid=(heads, blocks, batch), grid_names=("h", "t", "b"))(
-        xp, dy, idsp, taps)
+        x, dy, idsp, taps)

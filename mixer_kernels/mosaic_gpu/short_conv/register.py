@@ -1,5 +1,6 @@
 """`supports` of the "pallas" entry of `gdn_jax.ops.short_conv.REGISTRY` (op "short_conv"),
-whose backward is `backward.conv_backward_pass`; the op module builds its table from them.
+whose forward and backward are `forward.conv_forward_pass` and `backward.conv_backward_pass`;
+the op module builds its table from them.
 
 Runs on a Hopper GPU (or the CPU in GPU interpret mode, for tests) with 16-bit activations
 (float32 only when interpreting), at most PAD + 1 taps, and heads of 64 or 128 channels
@@ -8,8 +9,9 @@ default (implementation=None) falls back to "xla".
 """
 
 from mixer_core.registry import mosaic_gpu_reason
-from mixer_kernels.mosaic_gpu.short_conv.backward import conv_backward_pass, head_width
-from mixer_kernels.mosaic_gpu.short_conv.common import GROUP, PAD, SUPPORTED_HEAD_DIMS
+from mixer_kernels.mosaic_gpu.short_conv.backward import conv_backward_pass
+from mixer_kernels.mosaic_gpu.short_conv.common import GROUP, PAD, SUPPORTED_HEAD_DIMS, head_width
+from mixer_kernels.mosaic_gpu.short_conv.forward import conv_forward_pass
 
 def supports(**facts):
     """None if the kernel runs on these inputs, else the reason."""
@@ -27,4 +29,4 @@ def supports(**facts):
     return None
 
 
-__all__ = ["conv_backward_pass", "supports"]
+__all__ = ["conv_backward_pass", "conv_forward_pass", "supports"]

@@ -4,7 +4,7 @@ delta rule, short convolution) with equal shapes share one lowered program.
 Each kernel's Mosaic GPU lowering takes seconds (layout inference), so a model whose layers
 each lowered their own copy would compile for minutes; each family calls its kernels through
 one `jax.jit` per static configuration (attention/vjp.py `_program`, gated_delta/vjp.py,
-short_conv/backward.py `_kernel_program`). Lowered for a Hopper GPU on the CPU: the number of
+short_conv/common.py `kernel_program`). Lowered for a Hopper GPU on the CPU: the number of
 kernel custom calls in a differentiated stack of FPA layers, of gated delta rule layers or of
 short convolutions does not grow with its depth; and a program the GPU interpreter ran is not
 reused when the same shapes are lowered for the GPU.
