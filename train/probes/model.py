@@ -51,6 +51,8 @@ METHODS: dict[str, Callable[[int, int, int], nn.Module]] = {
     "softmax_nope": partial(_softmax, position="nope"),
     "softmax_alibi": partial(_softmax, position="alibi"),
     "selective": lambda i, h, d: attention.SelectiveAttention(num_heads=h, head_dim=d),
+    "selective_nope": lambda i, h, d: attention.SelectiveAttention(num_heads=h, head_dim=d,
+                                                                   position="nope"),
     "dcp": lambda i, h, d: attention.DCPAttention(num_heads=h, head_dim=d),
 }
 

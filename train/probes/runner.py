@@ -28,7 +28,7 @@ import optax
 
 from train.probes.model import build_model, check_method
 from train.probes.stats import fisher_greater, sign_test_greater
-from train.probes.tasks import TASKS, ProbeData, resolve_sizes
+from train.probes.tasks import PAD, TASKS, ProbeData, resolve_sizes
 
 
 @dataclass(frozen=True)
@@ -47,6 +47,7 @@ class ProbeConfig:
     head_dim: int = 4
     mlp: bool = True
     token_shift: bool = False   # a learned previous-token mix before each attention (model.py)
+    bos: bool = False           # every sequence starts with a BOS token (id vocab_size of the task)
     train_size: int = 2048
     test_size: int = 512
 
@@ -77,9 +78,22 @@ def seed_data(task: str, seeds: list[int], sizes: dict, config: ProbeConfig):
     def pad(a):
         return np.pad(a, ((0, 0), (0, length - a.shape[1])))
 
-    return [ProbeData(*(np.stack([pad(getattr(d, f)) for d in split])
-                        for f in ("tokens", "targets", "mask")), split[0].vocab_size)
-            for split in splits]
+    stacked = [ProbeData(*(np.stack([pad(getattr(d, f)) for d in split])
+                           for f in ("tokens", "targets", "mask")), split[0].vocab_size)
+               for split in splits]
+    return [with_bos(d) for d in stacked] if config.bos else stacked
+
+
+def with_bos(data: ProbeData) -> ProbeData:
+    """Prepends a BOS token (a new id, vocab_size) to every sequence: unscored, target PAD.
+
+    Selective Attention never masks a document's first token (the BOS role); without a BOS
+    that token is a task token, which its mask can then never remove."""
+    def prepend(a, value):
+        return np.concatenate([np.full(a.shape[:-1] + (1,), value, a.dtype), a], axis=-1)
+
+    return ProbeData(prepend(data.tokens, data.vocab_size), prepend(data.targets, PAD),
+                     prepend(data.mask, False), data.vocab_size + 1)
 
 
 @functools.lru_cache(maxsize=16)

@@ -10,7 +10,7 @@ import pytest
 from train.probes import runner
 from train.probes.runner import ProbeConfig, run_probe
 from train.probes.stats import fisher_greater
-from train.probes.tasks import TASKS
+from train.probes.tasks import TASKS, live_names_layout
 from tests.seeds import case_seed
 
 
@@ -91,3 +91,47 @@ def test_the_cli_writes_the_result_after_each_method(monkeypatch, tmp_path):
     assert cli.main(["ladder", "methods=fpa,fox", "seeds=2", "steps=2", "eval_every=1",
                      f"out={tmp_path}"]) == 0
     assert written == [["fpa"], ["fpa", "fox"]]
+
+
+def test_bos_prepends_one_unscored_token_with_a_new_id():
+    """config.bos: every sequence of both splits starts with id vocab_size (the task's ids keep
+    theirs), its target is PAD and unscored, and the vocabulary grows by one."""
+    sizes = {"levels": 6, "num_keys": 4, "num_values": 6, "num_dips": 2}
+    plain = runner.seed_data("live_names", [3], sizes, ProbeConfig(train_size=8, test_size=4))
+    with_bos = runner.seed_data("live_names", [3], sizes,
+                                ProbeConfig(train_size=8, test_size=4, bos=True))
+    for a, b in zip(plain, with_bos):
+        assert b.vocab_size == a.vocab_size + 1
+        assert (b.tokens[..., 0] == a.vocab_size).all()
+        assert (b.targets[..., 0] == 0).all() and not b.mask[..., 0].any()
+        np.testing.assert_array_equal(b.tokens[..., 1:], a.tokens)
+        np.testing.assert_array_equal(b.targets[..., 1:], a.targets)
+        np.testing.assert_array_equal(b.mask[..., 1:], a.mask)
+
+
+def test_without_bos_selective_attention_cannot_remove_the_first_key():
+    """Selective Attention never masks a sequence's first token. In live names (the defaults),
+    that token is a key, later killed by a dip, for 7% of the scored answers' keys: a model that
+    cannot remove it is capped near 0.93, below the 0.95 bar. With a BOS token first, the first
+    key can be masked (its penalty grows with a selection from a later token)."""
+    from fpa_jax.baselines.selective import selection_penalty
+
+    data = TASKS["live_names"].generate(case_seed(560), 4000)
+    layout = live_names_layout(12, 12)
+    first = data.tokens[:, 0]
+    first_name = np.where((first >= layout["key"]) & (first < layout["dip"]),
+                          (first - layout["key"]) % 12, -1)
+    asked = np.where(data.mask, data.tokens - layout["ask"], -2)
+    about_dead_first = data.mask & (asked == first_name[:, None]) & (data.targets == 1)
+    share = about_dead_first.sum() / data.mask.sum()
+    assert 0.05 < share < 0.10, share
+
+    logits = np.zeros((1, 3, 3), np.float32)
+    logits[0, 2, :2] = 5.0          # token 2 selects both earlier tokens
+    penalty = np.asarray(selection_penalty(logits))
+    assert penalty[0, 2, 0] == 0.0 and penalty[0, 2, 1] == 0.0   # acts from the next query on
+    logits = np.zeros((1, 4, 4), np.float32)
+    logits[0, 2, :2] = 5.0
+    penalty = np.asarray(selection_penalty(logits))
+    assert penalty[0, 3, 0] == 0.0      # the first token is never masked
+    assert penalty[0, 3, 1] == 5.0      # the token after it (the first key under bos) is
