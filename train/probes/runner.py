@@ -123,6 +123,14 @@ def _train_function(model: nn.Module, config: ProbeConfig):
         hits = jnp.argmax(model.apply({"params": params}, tokens), axis=-1) == targets
         return jnp.sum(hits * mask) / jnp.maximum(jnp.sum(mask), 1)
 
+    def accuracy_by_position(params, tokens, targets, mask):
+        """[T]: held-out accuracy at each position over the sequences scored there (NaN where
+        none is)."""
+        hits = jnp.argmax(model.apply({"params": params}, tokens), axis=-1) == targets
+        scored = jnp.sum(mask, axis=0)
+        return jnp.where(scored > 0, jnp.sum(hits * mask, axis=0) / jnp.maximum(scored, 1),
+                         jnp.nan)
+
     def train_one(key, train, test):
         init_key, batch_key = jax.random.split(key)
         params = nn.unbox(model.init(init_key, train[0][:1]))["params"]
@@ -139,8 +147,9 @@ def _train_function(model: nn.Module, config: ProbeConfig):
             state, losses = jax.lax.scan(step, state, jax.random.split(chunk_key, config.eval_every))
             return state, (jnp.mean(losses), accuracy(state[0], *test))
 
-        _, (losses, accuracies) = jax.lax.scan(chunk, state, jax.random.split(batch_key, num_evals))
-        return losses, accuracies
+        state, (losses, accuracies) = jax.lax.scan(chunk, state,
+                                                   jax.random.split(batch_key, num_evals))
+        return losses, accuracies, accuracy_by_position(state[0], *test)
 
     return jax.jit(jax.vmap(train_one))
 
@@ -149,7 +158,9 @@ def train_seeds(method: str, task: str, sizes: dict, config: ProbeConfig) -> dic
     """Trains config.seeds seeds of `method` on `task` in one vmapped program.
 
     Returns {"loss": [S, E] mean train loss per chunk, "accuracy": [S, E] held-out accuracy
-    after each chunk (E = steps / eval_every), "seeds": [S], "seconds": wall time incl. compile}.
+    after each chunk (E = steps / eval_every), "accuracy_by_position": [S, T] the final
+    held-out accuracy at each position (NaN where nothing is scored), "seeds": [S],
+    "seconds": wall time incl. compile}.
     """
     check_method(method)
     seeds = list(range(config.first_seed, config.first_seed + config.seeds))
@@ -158,9 +169,9 @@ def train_seeds(method: str, task: str, sizes: dict, config: ProbeConfig) -> dic
                                 dataclasses.replace(config, seeds=1, first_seed=0))
     keys = jnp.stack([jax.random.PRNGKey(s) for s in seeds])
     start = time.perf_counter()
-    losses, accuracies = trainer(keys, tuple(train[:3]), tuple(test[:3]))
-    losses, accuracies = np.asarray(losses), np.asarray(accuracies)
-    return {"seeds": seeds, "loss": losses, "accuracy": accuracies,
+    losses, accuracies, by_position = trainer(keys, tuple(train[:3]), tuple(test[:3]))
+    return {"seeds": seeds, "loss": np.asarray(losses), "accuracy": np.asarray(accuracies),
+            "accuracy_by_position": np.asarray(by_position),
             "seconds": time.perf_counter() - start}
 
 
@@ -170,7 +181,7 @@ def run_probe(task: str, methods: list[str], config: ProbeConfig, sizes: dict | 
     """Every method on `task`; successes, Fisher p-values of `reference` vs each other method.
 
     Returns a JSON-ready dict: task, sizes, threshold, config, and per method successes,
-    seeds, final accuracies, curves and wall seconds; "fisher" and "sign_test" map method ->
+    seeds, final accuracies (overall and by position), curves and wall seconds; "fisher" and "sign_test" map method ->
     one-sided p-value of the reference against it (Fisher; sign test paired by seed).
     progress(line): called before and after each method (its seeds train at once).
     after_method(result): called after each method with the result of the methods so far (the
@@ -204,6 +215,10 @@ def run_probe(task: str, methods: list[str], config: ProbeConfig, sizes: dict | 
             "loss_curves": run["loss"].tolist(),
             "seconds": run["seconds"],
         }
+        if run.get("accuracy_by_position") is not None:   # [S][T], null where none is scored
+            results[method]["final_accuracy_by_position"] = [
+                [None if np.isnan(a) else float(a) for a in row]
+                for row in run["accuracy_by_position"]]
         if after_method is not None and index < len(methods):
             after_method(_summary(task, sizes, threshold, reference, config, results))
     return _summary(task, sizes, threshold, reference, config, results)

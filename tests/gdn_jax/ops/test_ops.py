@@ -122,8 +122,10 @@ def test_unit_lower_inverse_matches_float64(size):
     expected = np.linalg.inv(np.eye(size) + coupling)
     got = jax.jit(unit_lower_inverse, compiler_options=FAST_COMPILE)(
         jnp.asarray(coupling, jnp.float32))
-    assert relative_error(got, expected) < 1e-6
-    assert relative_error(got @ (np.eye(size) + coupling), np.eye(size)) < 1e-6
+    # float32 rounding grows with the size and the coupling: up to about 1e-6 at 64 over
+    # fresh seeds (a wrong substitution is off by O(1))
+    assert relative_error(got, expected) < 4e-6
+    assert relative_error(got @ (np.eye(size) + coupling), np.eye(size)) < 4e-6
 
 
 def test_single_token_and_default_state():

@@ -21,6 +21,7 @@ def test_the_spectra_table_fits_100_columns(gdn_cpt_runs, tmp_path, capsys):
     assert any(line.startswith("ell=15 ") for line in lines), text
 
 
+@pytest.mark.slow
 def test_needle_tokens_are_the_inputs_spectra_measures(gdn_cpt_runs):
     """The SpectralShift demo's --reference-from-results rebuilds the reference's needle inputs
     with needle_tokens instead of measuring it again: they must be spectra's own."""

@@ -143,6 +143,7 @@ def test_forward_rejects_bad_inputs():
         model.init(jax.random.PRNGKey(0), tokens.astype(jnp.float32), jnp.ones_like(tokens))
 
 
+@pytest.mark.slow
 def test_scanned_layers_are_the_same_function():
     """model.scan_layers: the blocks as one lax.scan over the pattern's repeats give the loop's
     logits, auxiliary loss and gradients (the parameter tree is the loop's), here over two

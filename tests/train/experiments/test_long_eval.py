@@ -130,6 +130,7 @@ def tiny_run(tiny_trained_run, tmp_path_factory):
     return copy_run(tiny_trained_run, tmp_path_factory.mktemp("long") / "run")
 
 
+@pytest.mark.slow
 def test_suite_long_writes_every_cell_and_a_heatmap_per_task(tiny_run, tmp_path, capsys):
     from train.cli.entry import main
 

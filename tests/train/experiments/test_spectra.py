@@ -31,6 +31,7 @@ def test_needle_inputs():
             needle_inputs(hay, [7, 8, 9], position)
 
 
+@pytest.mark.slow
 def test_summary_matches_the_diagnostics_and_the_report_is_written(tmp_path):
     config = load_config(None, CONFIG)
     model = build_model(config, 256)

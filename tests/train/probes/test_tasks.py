@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from train.probes import tasks
-from train.probes.runner import ProbeConfig, run_probe, train_seeds
+from train.probes.runner import ProbeConfig, run_probe, seed_data, train_seeds
 from train.probes.stats import fisher_greater, sign_test_greater
 from train.probes.tasks import PAD, TASKS, ladder_layout, resolve_sizes, two_walks_layout
 from tests.seeds import case_seed
@@ -429,6 +429,17 @@ def test_cli_writes_outputs_and_vmap_equals_seeds_one_by_one(tmp_path, capsys):
         np.testing.assert_allclose(alone["loss"][0], run["loss_curves"][seed], rtol=1e-4, atol=1e-6)
         np.testing.assert_allclose(alone["accuracy"][0], run["accuracy_curves"][seed], atol=1e-6)
     assert run["loss_curves"][0] != run["loss_curves"][1]  # seeds differ
+
+    # the accuracy by position: null where no held-out sequence is scored, and its mean
+    # weighted by the scored sequences is the final accuracy
+    for seed, by_position in enumerate(run["final_accuracy_by_position"]):
+        _, test = seed_data("ladder", [seed], resolve_sizes("ladder", TINY_SIZES),
+                            ProbeConfig(seeds=1, **TINY))
+        scored = test.mask[0].sum(axis=0)
+        assert len(by_position) == len(scored)
+        assert [a is None for a in by_position] == list(scored == 0)
+        weighted = sum(a * n for a, n in zip(by_position, scored) if a is not None)
+        assert weighted / scored.sum() == pytest.approx(run["final_accuracy"][seed], abs=1e-6)
 
 
 def test_runner_rejects_bad_arguments():

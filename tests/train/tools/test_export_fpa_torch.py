@@ -135,6 +135,7 @@ def test_unknown_format_is_refused_and_the_cli_takes_fpa_torch(tmp_path):
     assert (args.handler, args.format) == (command_export, "fpa-torch")
 
 
+@pytest.mark.slow
 def test_cli_exports_a_trained_fpa_run(tmp_path, capsys):
     """`python -m train export RUN --format fpa-torch` on a two-step tiny FPA run: the files
     of the format plus the run's token ids and tokenizer."""

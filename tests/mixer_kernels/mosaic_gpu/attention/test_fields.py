@@ -128,6 +128,7 @@ def test_stats_kernel_matches_the_definition(drift, tau, masses):
             np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5, err_msg=kind)
 
 
+@pytest.mark.slow   # FIELD_PASSES = "kernels", not the default
 @pytest.mark.parametrize("masses", [True, False])
 def test_spread_kernel_matches_the_xla_passes(masses):
     """The level spreads of both sides from the shares pack equal the XLA form's (which the

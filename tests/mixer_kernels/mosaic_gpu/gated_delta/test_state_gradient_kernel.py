@@ -89,7 +89,7 @@ def test_shared_memory_limits_are_stated():
         state_gradient_kernel.state_gradients(*_inputs(0, 1, 1, 1, 128, 256, jnp.bfloat16))
 
 
-@pytest.mark.parametrize("setting", ["xla", "pallas"])
+@pytest.mark.parametrize("setting", [pytest.param("xla", marks=pytest.mark.slow), "pallas"])
 def test_op_through_each_state_gradient_path_matches_the_oracle(monkeypatch, setting):
     """The op with the state gradients in XLA and in the kernel (K = V = 64, float32, ragged T,
     a reset, HV = 2H, three chunks): output and gradients of q, k, v, g, beta against the

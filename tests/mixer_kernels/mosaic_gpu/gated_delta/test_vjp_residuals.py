@@ -74,7 +74,8 @@ def test_inputs_give_the_gradients_of_internals_and_the_oracle(monkeypatch):
         assert np.linalg.norm(a - c) < 1e-4 * np.linalg.norm(c), label
 
 
-@pytest.mark.parametrize("residuals", ["internals", "inputs"])
+@pytest.mark.parametrize("residuals", [pytest.param("internals", marks=pytest.mark.slow),
+                                       "inputs"])
 def test_the_op_gradient_lowers_for_hopper(residuals, monkeypatch):
     """The whole op's gradient (forward kernels, custom VJP, backward kernels) lowers to Mosaic
     GPU kernels with bf16 operands, as on the GPU; "inputs" runs the forward kernels again
