@@ -40,8 +40,10 @@ def smem_bytes(key_dim, value_dim, operand_dtype) -> int:
 
 
 def fits(key_dim, value_dim) -> bool:
-    """Whether one block fits shared memory with 16-bit operands."""
-    return smem_bytes(key_dim, value_dim, jnp.bfloat16) <= SMEM_BYTES
+    """Whether the kernel is built for these head dims (64 or 128 each: a 256-wide tile would
+    take 128 accumulator registers per thread) and one block fits shared memory."""
+    return (max(key_dim, value_dim) <= 128
+            and smem_bytes(key_dim, value_dim, jnp.bfloat16) <= SMEM_BYTES)
 
 
 def state_gradients(states, lambdas, d_u, u, w, *, interpret=None):
@@ -63,8 +65,10 @@ def state_gradients(states, lambdas, d_u, u, w, *, interpret=None):
         du16_s[...] = du_s[...].astype(op_dtype)
         n_s[...] = (u_s[...] - matmul(w_s, s_s, (c, value_dim))).astype(op_dtype)
         plgpu.commit_smem()
-        rows_s.at[0][...] = jnp.sum(s_s[...].astype(jnp.float32)
-                                    * lam_s[...].astype(jnp.float32), axis=1)
+        for start in range(0, key_dim, 64):   # 64 rows at a time: fewer live registers
+            part = pl.ds(start, 64)
+            rows_s.at[0, part][...] = jnp.sum(s_s.at[part][...].astype(jnp.float32)
+                                              * lam_s.at[part][...].astype(jnp.float32), axis=1)
         d_w = matmul(du16_s, s_s.T, (c, key_dim))
         dw_s[...] = (-d_w).astype(op_dtype)
         d_kw = matmul(n_s, lam_s.T, (c, key_dim))

@@ -41,7 +41,10 @@ def copy_taps_and_ids(x_ref, ids_ref, x_s, ids_s, loaded, *, b, i, h):
     """Starts the copies of block i's rows shifted by every tap into x_s [W, n, D] (untiled)
     and of its ids into ids_s [PAD + n]; W + 1 arrivals on `loaded`. x_ref [B, Tr, H, D],
     ids_ref [B, PAD + Tr] (ids padded in front with -1)."""
-    width, n = x_s.shape[0], x_s.shape[1]
+    width, n, dim = x_s.shape
+    if dim * x_s.dtype.itemsize % 128:   # the first block's copies land s rows into the tile
+        raise ValueError(f"short_conv kernels: a row of x must be a multiple of 128 bytes (the "
+                         f"copy engine's alignment), got {dim} x {x_s.dtype}")
     plgpu.copy_gmem_to_smem(x_ref.at[b, pl.ds(i * n, n), h], x_s.at[0], loaded)
     for s in range(1, width):
         @pl.when(i == 0)

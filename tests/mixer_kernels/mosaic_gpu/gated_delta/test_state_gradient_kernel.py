@@ -81,10 +81,12 @@ def test_kernel_lowers_to_mosaic_gpu(key_dim, value_dim):
 
 
 def test_shared_memory_limits_are_stated():
-    """K, V in {64, 128} fit; a head dim of 256 does not, and the kernel says so by name."""
+    """K, V in {64, 128} fit; a head dim of 256 does not (not even 256 x 64, which would fit
+    shared memory), and the kernel says so by name where shared memory is short."""
     for key_dim, value_dim in ((64, 64), (128, 128), (64, 128), (128, 64)):
         assert state_gradient_kernel.fits(key_dim, value_dim)
     assert not state_gradient_kernel.fits(128, 256)
+    assert not state_gradient_kernel.fits(256, 64)
     with pytest.raises(ValueError, match="state gradient kernel.*K = 128, V = 256"):
         state_gradient_kernel.state_gradients(*_inputs(0, 1, 1, 1, 128, 256, jnp.bfloat16))
 
