@@ -21,7 +21,10 @@ the current document (segment_ids) or before t = 0 read zeros (`gdn_jax.ops.shor
 its kernels and time is not split over devices). The convolutions, the L2 and gated RMS norms
 compute in float32 and keep only their 16-bit inputs for the backward pass, which recomputes
 the rest (float32 intermediates kept for the backward were about 1 GiB per layer at B = 8,
-T = 2048, width 768).
+T = 2048, width 768). Where the op's backward needs only its inputs (its "pallas" kernels
+rerun the forward) and the convolutions run their kernels, the convolutions and the op run
+under one custom VJP that keeps the projections alone (`mixer_core.recompute`): q, k, v are
+recomputed in the backward pass, not kept beside them (2 H K + HV V fewer values per token).
 
 Initialisation: projections lecun-normal; conv taps U(-1/sqrt(conv_size), 1/sqrt(conv_size))
 (PyTorch Conv1d default); A_log = log(A), A ~ U(0, 16) clamped below at 1e-4 so log never sees 0;
@@ -50,6 +53,7 @@ from gdn_jax.ops.api import gated_delta_rule, recurrent_gated_delta_rule
 from gdn_jax.ops.short_conv import l2_normalize, recomputed, short_conv
 from mixer_core import shard
 from mixer_core.inputs import check_mixer_inputs
+from mixer_core.recompute import keeping_inputs_only
 
 A_INIT_RANGE = (0.0, 16.0)
 A_INIT_FLOOR = 1e-4
@@ -233,6 +237,21 @@ class GatedDeltaNet(nn.Module):
         gated = self.o_norm(o, z)
         return self.o_proj(gated.reshape(*gated.shape[:-2], -1), model_dim)
 
+    def _recomputes_conv_outputs(self, x: jax.Array, segment_ids: jax.Array | None) -> bool:
+        """Whether the op's backward needs only its inputs (`api.keeps_chunk_states` is False:
+        the "pallas" kernels with their default residuals) and the convolutions run their
+        kernels: then q, k, v are recomputed from the projections in the backward pass
+        instead of being kept beside them (`__call__`)."""
+        if self._conv_implementation() is not None:
+            return False
+        batch, length, _ = x.shape
+        facts = dict(dtype=jnp.dtype(self.dtype), batch=batch, seq_len=length,
+                     num_heads=self.num_heads, num_v_heads=self.value_heads,
+                     head_dim=self.head_dim, value_head_dim=self.value_head_dim,
+                     has_segment_ids=segment_ids is not None, has_initial_state=False,
+                     chunk_size=self.chunk_size)
+        return not api.keeps_chunk_states(self.implementation, **facts)
+
     def _conv_implementation(self) -> str | None:
         """The short convolutions' implementation (`gdn_jax.ops.short_conv`): its default (the
         kernel backward where it runs) when the delta rule may use its kernels, else "xla";
@@ -251,18 +270,31 @@ class GatedDeltaNet(nn.Module):
         check_mixer_inputs("GatedDeltaNet", x, segment_ids, positions)
         x = x.astype(self.dtype)
         conv = self._conv_implementation()
-        q = self.q_conv(self.q_proj(x), segment_ids, normalize_heads=self.num_heads,
-                        implementation=conv)
-        k = self.k_conv(self.k_proj(x), segment_ids, normalize_heads=self.num_heads,
-                        implementation=conv)
-        v = self._split_heads(self.v_conv(self.v_proj(x), segment_ids, implementation=conv),
-                              self.value_heads, self.value_head_dim)
+
+        def convolved_delta_rule(q_in, k_in, v_in, q_taps, k_taps, v_taps, g, beta, segment_ids):
+            def convolved(x_in, taps, normalize_heads):
+                return short_conv(x_in, taps, segment_ids, dtype=self.dtype,
+                                  normalize_heads=normalize_heads, implementation=conv)
+            q = convolved(q_in, q_taps, self.num_heads)
+            k = convolved(k_in, k_taps, self.num_heads)
+            v = self._split_heads(convolved(v_in, v_taps, None), self.value_heads,
+                                  self.value_head_dim)
+            o, _ = shard.ring_or_shard(
+                gated_delta_rule, context_shard.gated_delta_rule, q, k, v, g, beta,
+                layouts=shard.GDN_LAYOUTS, out_layouts=shard.GDN_OUT_LAYOUTS,
+                segment_ids=segment_ids, chunk_size=self.chunk_size,
+                implementation=self.implementation)
+            return o
+
+        if self._recomputes_conv_outputs(x, segment_ids):
+            # the op's backward reruns its forward from q, k, v anyway, so they need not be
+            # kept beside the projections the convolutions keep: 2 H K + HV V values per token
+            convolved_delta_rule = keeping_inputs_only(convolved_delta_rule)
         z = self._split_heads(self.z_proj(x), self.value_heads, self.value_head_dim)
         g, beta = self._gates(x)
-        o, _ = shard.ring_or_shard(
-            gated_delta_rule, context_shard.gated_delta_rule, q, k, v, g, beta,
-            layouts=shard.GDN_LAYOUTS, out_layouts=shard.GDN_OUT_LAYOUTS, segment_ids=segment_ids,
-            chunk_size=self.chunk_size, implementation=self.implementation)
+        o = convolved_delta_rule(self.q_proj(x), self.k_proj(x), self.v_proj(x),
+                                 self.q_conv.kernel, self.k_conv.kernel, self.v_conv.kernel,
+                                 g, beta, segment_ids)
         return self._readout(o, z, x.shape[-1])
 
     def transition_inputs(self, x: jax.Array, *, segment_ids: jax.Array | None = None):

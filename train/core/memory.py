@@ -11,7 +11,8 @@ out-of-memory errors.
                  w_layer = 4 d + (|q| + |k| + |v| + |out|) + 2 mlp   (the values one block
                  keeps for its backward: norms, residuals, the mixer's q/k/v/output (its
                  kind's `MixerSpec.width`, train/core/mixers.py: 4 H Dh for attention; for
-                 GDN 4 H K + 5 HV V, and its chunk states where its op keeps them), MLP
+                 GDN 4 H K + 5 HV V and its chunk states where its op keeps them, else
+                 2 H K + 4 HV V on one device along T), MLP
                  hidden), or d with model.remat (only the block input; one block's w_layer
                  is live while it recomputes);
                  with context > 1 an attention layer adds (context - 1) 2 H Dh: its ring's

@@ -42,7 +42,8 @@ Per layer and token with T = data.seq_len and C = the delta rule's chunk (GDN_CH
                kv_width  2 H Dh                   (a key and a value per head)
     gdn        flops  3 HV (6 K V + (2 K + V) (C + 1))
                width  4 H K + 5 HV V, plus HV K V float32 values per chunk where the op
-                      keeps its chunk-entering states (`_gdn_width`)
+                      keeps its chunk-entering states; 2 H K + 4 HV V where it keeps only
+                      its inputs on one device along T (`_gdn_width`)
 """
 
 from __future__ import annotations
@@ -306,14 +307,20 @@ def _gdn_width(config: Config, context: int) -> int:
     (gdn_jax/layer.py; its convolutions and norms are recomputed): the q, k, v projections
     (the convolutions' inputs), the op's q, k, v, the output gate z, the op's output and the
     gated norm's output (4 H K + 5 HV V), and, where the op keeps them (`_gdn_keeps_states`),
-    its chunk-entering states, HV K V float32 values per chunk of GDN_CHUNK tokens."""
+    its chunk-entering states, HV K V float32 values per chunk of GDN_CHUNK tokens. Where the
+    op keeps only its inputs and the convolutions run their kernels (one device along T, the
+    default or "pallas" implementation), the layer recomputes the op's q, k, v instead of
+    keeping them: 2 H K + 4 HV V."""
     g = config.gdn
     key_width = g.num_heads * g.head_dim
     value_heads, value_dim = g.num_v_heads or g.num_heads, g.v_head_dim or g.head_dim
     compute_bytes = jnp.dtype(config.model.dtype).itemsize
     states = value_heads * g.head_dim * value_dim * 4 // (GDN_CHUNK * compute_bytes)
-    return (4 * key_width + 5 * value_heads * value_dim
-            + (states if _gdn_keeps_states(config, context) else 0))
+    if _gdn_keeps_states(config, context):
+        return 4 * key_width + 5 * value_heads * value_dim + states
+    if context == 1 and g.implementation in (None, "pallas"):
+        return 2 * key_width + 4 * value_heads * value_dim
+    return 4 * key_width + 5 * value_heads * value_dim
 
 
 def _gdn_keeps_states(config: Config, context: int) -> bool:

@@ -43,6 +43,7 @@ from mixer_kernels.mosaic_gpu.gated_delta import (output_kernels, state_gradient
                                                   wy_kernel)
 from mixer_core.interpret import interpret_active
 from mixer_core.padding import pad_time
+from mixer_core.recompute import keeping_inputs_only
 from mixer_kernels.mosaic_gpu.gated_delta.common import CHUNK
 
 # The backward of the WY preparation: "xla" runs the WY kernel again for T = (I + A)^{-1}, then
@@ -294,31 +295,8 @@ def chunked_forward_pallas(q, k, v, g, beta, *, scale, initial_state, segment_id
     body = functools.partial(_chunked_body, scale=float(scale), tiling=tiling, dtype=dtype,
                              op_dtype=op_dtype)
     if RESIDUALS == "inputs":
-        body = _keeping_inputs_only(body)
+        body = keeping_inputs_only(body)
     return body(q, k, v, g, beta, initial_state, segment_ids)
-
-
-def _keeping_inputs_only(body):
-    """body(q, k, v, g, beta, initial_state, segment_ids) that keeps only its inputs for the
-    backward pass, which runs body's forward again on the inputs passed through
-    `optimization_barrier` (so XLA's CSE cannot reuse the forward pass's kernel outputs) and
-    pulls the cotangents through it. (A custom VJP rather than `jax.checkpoint`: the
-    interpreted kernels of the tests carry callback effects that remat does not take.)"""
-
-    @jax.custom_vjp
-    def run(*inputs):
-        return body(*inputs)
-
-    def forward(*inputs):
-        return body(*inputs), inputs
-
-    def backward(inputs, cotangents):
-        *differentiable, segment_ids = jax.lax.optimization_barrier(inputs)
-        _, pull = jax.vjp(lambda *xs: body(*xs, segment_ids), *differentiable)
-        return (*pull(cotangents), None)
-
-    run.defvjp(forward, backward)
-    return run
 
 
 def _chunked_body(q, k, v, g, beta, initial_state, segment_ids, *, scale, tiling, dtype,

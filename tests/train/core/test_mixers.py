@@ -125,7 +125,8 @@ def test_gdn_width_counts_chunk_states_only_where_the_op_keeps_them(monkeypatch)
     """The width adds HV K V float32 values per chunk exactly where the op says it keeps its
     chunk-entering states (`gdn_api.keeps_chunk_states`, asked with the layer's
     implementation and T / context tokens per device); an implementation that cannot run
-    here counts them."""
+    here counts them. On one device along T, an op that keeps only its inputs lets the layer
+    recompute q, k, v: 2 H K + 4 HV V."""
     from gdn_jax.ops import api as gdn_api
     from mixer_core.registry import UnsupportedImplementationError
     import train.core.mixers as mixers
@@ -149,6 +150,10 @@ def test_gdn_width_counts_chunk_states_only_where_the_op_keeps_them(monkeypatch)
     assert widths[True] - widths[False] == states > 0
     assert widths[None] == widths[True]
     assert asked == [(g.implementation, 16, mixers.GDN_CHUNK)] * 3
+    keeps["now"] = False
+    key_width = g.num_heads * g.head_dim
+    assert MIXERS["gdn"].width(config, 1) == 2 * key_width + 4 * heads * dim
+    assert widths[False] == 4 * key_width + 5 * heads * dim
 
 
 def test_positions_kv_caches_and_transitions_are_the_layers_own():
