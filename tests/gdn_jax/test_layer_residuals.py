@@ -6,6 +6,7 @@ they are recomputed from the projections the convolutions keep, with the same gr
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from gdn_jax import GatedDeltaNet
 from mixer_core import interpret
@@ -32,12 +33,14 @@ def _setup(seed):
 
 def _kept_and_grads(module, variables, x, cotangent):
     """(how many kept arrays have the shape of the op's q or k, the parameters' gradients)."""
-    _, pull = jax.vjp(lambda v: module.apply(v, x), variables)
+    def pullback(variables):
+        return jax.vjp(lambda v: module.apply(v, x), variables)[1]
     kept = sum(leaf.shape == (BATCH, LENGTH, HEADS, DIM)
-               for leaf in jax.tree_util.tree_leaves(pull))
-    return kept, pull(cotangent)[0]
+               for leaf in jax.tree_util.tree_leaves(jax.eval_shape(pullback, variables)))
+    return kept, jax.jit(lambda v: pullback(v)(cotangent)[0])(variables)
 
 
+@pytest.mark.slow
 def test_pallas_recomputes_q_k_v_with_the_same_gradients(monkeypatch):
     x, variables = _setup(case_seed(570))
     cotangent = jnp.asarray(np.random.default_rng(case_seed(571)).standard_normal(
@@ -54,5 +57,44 @@ def test_pallas_recomputes_q_k_v_with_the_same_gradients(monkeypatch):
 
 def test_xla_keeps_q_k_v():
     x, variables = _setup(case_seed(572))
-    kept, _ = _kept_and_grads(_module("xla"), variables, x, jnp.ones((BATCH, LENGTH, WIDTH)))
-    assert kept >= 2
+    pullback = jax.eval_shape(lambda v: jax.vjp(lambda w: _module("xla").apply(w, x), v)[1],
+                              variables)
+    assert sum(leaf.shape == (BATCH, LENGTH, HEADS, DIM)
+               for leaf in jax.tree_util.tree_leaves(pullback)) >= 2
+
+
+def test_the_recompute_adds_only_the_convolutions_forward(monkeypatch):
+    """Lowered for Hopper (bf16), the layer's value and gradient run the convolutions' forward
+    kernel six times (three in the forward pass, three recomputed), the op's WY and state
+    kernels twice (the forward pass and the op's own rerun) and its output kernel once: the
+    recompute's rerun of the op, whose output nothing reads, is dropped."""
+    import collections
+    import re
+
+    from gdn_jax.ops import api, short_conv
+
+    hopper = lambda: {"platform": "gpu", "compute_capability": "9.0"}    # noqa: E731
+    monkeypatch.setattr(api, "platform_facts", hopper)
+    monkeypatch.setattr(short_conv, "platform_facts", hopper)
+    module = GatedDeltaNet(num_heads=2, head_dim=64, dtype=jnp.bfloat16)
+    x = jnp.zeros((1, 128, 128), jnp.bfloat16)
+    shapes = jax.eval_shape(module.init, jax.random.PRNGKey(0), x)
+    variables = jax.tree_util.tree_map(lambda a: jnp.zeros(a.shape, a.dtype), jax.tree_util.tree_map(
+        lambda a: a.unbox() if hasattr(a, "unbox") else a, shapes,
+        is_leaf=lambda a: hasattr(a, "unbox")))
+
+    def loss(variables, x):
+        return jnp.sum(module.apply(variables, x).astype(jnp.float32))
+
+    text = jax.jit(jax.value_and_grad(loss)).trace(variables, x).lower(
+        lowering_platforms=("cuda",)).as_text()
+    calls = collections.Counter(re.findall(r'call @"?([\w<>.-]+)', text))
+    runs = collections.Counter()
+    for function in re.split(r"\n\s*func\.func ", text)[1:]:
+        name = re.match(r'(?:public |private )?@"?([\w<>.-]+)', function)
+        kernel = re.search(r"((?:delta_rule|short_conv)_[a-z_]+?)_mosaic_gpu", function)
+        if name and kernel:
+            runs[kernel.group(1)] += calls[name.group(1)]
+    assert runs["short_conv_forward"] == 6 and runs["short_conv_backward"] == 3
+    assert runs["delta_rule_wy_prepare"] == runs["delta_rule_forward_states"] == 2
+    assert runs["delta_rule_chunk_outputs"] == 1
