@@ -126,6 +126,7 @@ def test_eval_refuses_a_forward_that_cannot_fit_before_restoring(tmp_path, corpu
     monkeypatch.setattr(train.core.evaluate, "restore_run_state", restore)
     monkeypatch.setattr(train.core.evaluate, "make_split_dataset", restore)
     host_memory(monkeypatch, 8 * GIB)
+    gc.collect()   # an earlier test's garbage, freed during the run, would lower the count
     live = len(jax.live_arrays())
     assert main(["eval", str(run_dir), "--seq-len", "50000000", "--batches", "1"]) == 1
     line = one_error_line(capsys)
