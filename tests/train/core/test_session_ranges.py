@@ -103,6 +103,7 @@ def test_trainer_checked_step_raises_range_check_error():
         step({"g": -inputs["g"]}, batch)
 
 
+@pytest.mark.slow
 def test_layers_keep_the_ranges_by_construction():
     """GatedDeltaNet and FPAAttention with random parameters blown up 30x (FPA's rho down to
     -60): in checked mode under jit, no range check fires and the outputs stay finite."""

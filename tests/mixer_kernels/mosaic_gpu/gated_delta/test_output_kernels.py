@@ -126,7 +126,7 @@ def test_forward_kernel_with_xla_backward_where_the_backward_does_not_fit():
 
 
 @pytest.mark.parametrize("outputs, dim", [pytest.param("xla", 64, marks=pytest.mark.slow),
-                                          ("pallas", 128)])
+                                          pytest.param("pallas", 128, marks=pytest.mark.slow)])
 def test_op_through_each_output_path_matches_the_oracle(monkeypatch, outputs, dim):
     """The op with the outputs in XLA (`vjp.OUTPUTS = "xla"`), and with the kernels at
     K = V = 128: output and gradients of q, k, v, g, beta against the token-by-token oracle

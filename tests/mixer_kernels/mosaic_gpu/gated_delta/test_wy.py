@@ -205,6 +205,7 @@ def test_backward_kernel_lowers_to_mosaic_gpu(dim):
     assert wy_backward_kernel.fits(dim, dim)
 
 
+@pytest.mark.slow   # compares the two settings of INTRA_BACKWARD; test_vjp.py covers the default
 def test_op_gradients_with_backward_kernel(monkeypatch):
     """gated_delta_rule(implementation="pallas") with INTRA_BACKWARD = "pallas" against the
     token-by-token oracle and the "xla" switch: ragged T, a reset inside a chunk, HV = 2H."""
