@@ -9,7 +9,9 @@ subprocesses tests start (they inherit the environment): a program that several 
 after that. The cache is keyed by the program, the compile options, the devices and the
 JAX/XLA versions, so what runs is the same executable; tracing and lowering still happen in
 every test. The directory is fresh for each session (results never depend on an earlier run)
-and is deleted at its end.
+and is deleted at its end, unless TESTS_JAX_CACHE names a directory to keep it in across
+sessions (the local loop: a program unchanged since the last run is loaded, not compiled;
+the cache's keys make that the same executable, so results still do not depend on it).
 
 XLA's CPU backend compiles at its lowest optimisation level (XLA_FLAGS
 --xla_backend_optimization_level=0, also inherited by the subprocesses; tests/devices.py
@@ -87,8 +89,14 @@ def pytest_configure(config):
     flags = os.environ.get("XLA_FLAGS", "")
     if "xla_backend_optimization_level" not in flags:   # read when JAX's backend starts
         os.environ["XLA_FLAGS"] = f"{flags} {CPU_LEVEL_FLAG}".strip()
-    cache = tempfile.mkdtemp(prefix="jax_test_cache_")
-    os.environ.update({_CACHE_OWNER: str(os.getpid()), "JAX_COMPILATION_CACHE_DIR": cache,
+    kept = os.environ.get("TESTS_JAX_CACHE")
+    if kept:
+        cache = os.path.abspath(kept)
+        os.makedirs(cache, exist_ok=True)
+    else:
+        cache = tempfile.mkdtemp(prefix="jax_test_cache_")
+        os.environ[_CACHE_OWNER] = str(os.getpid())     # deleted at the session's end
+    os.environ.update({"JAX_COMPILATION_CACHE_DIR": cache,
                        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
                        "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "-1"})
     if "jax" in sys.modules:   # imported before this hook (a plugin): set it there too

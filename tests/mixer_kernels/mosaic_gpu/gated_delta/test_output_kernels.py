@@ -10,7 +10,8 @@ import pytest
 from gdn_jax.ops import api
 from mixer_core import interpret
 from mixer_kernels.mosaic_gpu.gated_delta import output_kernels, vjp
-from tests.mixer_kernels.mosaic_gpu.gated_delta.op_cases import op_arguments
+from tests.mixer_kernels.mosaic_gpu.gated_delta.op_cases import (assert_op_matches_the_oracle,
+                                                                op_arguments)
 from tests.seeds import case_seed
 
 SCALE = 0.3
@@ -133,20 +134,7 @@ def test_op_through_each_output_path_matches_the_oracle(monkeypatch, outputs, di
     (float32, ragged T, a reset, HV = 2H)."""
     monkeypatch.setattr(vjp, "OUTPUTS", outputs)
     args, segment_ids, d_out = op_arguments(case_seed(530 + dim), 100, dim=dim, boundary=40)
-
-    def run(implementation):
-        def loss(*xs):
-            out, _ = api.gated_delta_rule(*xs, segment_ids=segment_ids,
-                                          implementation=implementation)
-            return jnp.sum(d_out * out), out
-        (_, out), grads = jax.jit(jax.value_and_grad(loss, argnums=range(5), has_aux=True))(
-            *args)
-        return (out, *grads)
-
-    with interpret.gpu_interpret():
-        got = run("pallas")
-    for label, a, b in zip(("out", "dq", "dk", "dv", "dg", "dbeta"), got, run("reference")):
-        assert _rel(a, b) < 1e-4, (label, _rel(a, b))
+    assert_op_matches_the_oracle(args, segment_ids, d_out)
 
 
 def test_bad_setting_is_named(monkeypatch):

@@ -11,7 +11,8 @@ import pytest
 from gdn_jax.ops import api
 from mixer_core import interpret
 from mixer_kernels.mosaic_gpu.gated_delta import state_gradient_kernel, vjp
-from tests.mixer_kernels.mosaic_gpu.gated_delta.op_cases import op_arguments
+from tests.mixer_kernels.mosaic_gpu.gated_delta.op_cases import (assert_op_matches_the_oracle,
+                                                                op_arguments)
 from tests.seeds import case_seed
 
 C = 64
@@ -98,20 +99,7 @@ def test_op_through_each_state_gradient_path_matches_the_oracle(monkeypatch, set
     token-by-token oracle."""
     monkeypatch.setattr(vjp, "STATE_GRADIENTS", setting)
     args, segment_ids, d_out = op_arguments(case_seed(550), 150, boundary=70)
-
-    def run(implementation):
-        def loss(*xs):
-            out, _ = api.gated_delta_rule(*xs, segment_ids=segment_ids,
-                                          implementation=implementation)
-            return jnp.sum(d_out * out), out
-        (_, out), grads = jax.jit(jax.value_and_grad(loss, argnums=range(5), has_aux=True))(
-            *args)
-        return (out, *grads)
-
-    with interpret.gpu_interpret():
-        got = run("pallas")
-    for label, a, b in zip(("out", "dq", "dk", "dv", "dg", "dbeta"), got, run("reference")):
-        assert _rel(a, b) < 1e-4, (label, _rel(a, b))
+    assert_op_matches_the_oracle(args, segment_ids, d_out)
 
 
 def test_bad_setting_is_named(monkeypatch):
