@@ -77,7 +77,9 @@ def test_xla_matches_reference(length, block, query_level, content):
 
 def test_long_sequence_many_blocks():
     args = make_inputs(SEED + 1, batch=1, length=400, heads=1, dim=16)
-    check_against_reference(args, rtol=5e-5, block_size=16)
+    # dbeta sums 400 x 400 pairs in another order than the dense reference: up to about 7e-5
+    # over fresh seeds in float32
+    check_against_reference(args, rtol=1.5e-4, block_size=16)
 
 
 @pytest.mark.parametrize("tilt", [5.0, -5.0])
