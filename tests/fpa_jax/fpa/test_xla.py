@@ -96,6 +96,7 @@ def test_ties_in_field_and_level():
     check_against_reference(args, block_size=32)
 
 
+@pytest.mark.slow
 def test_segments_match_reference_and_isolate_documents():
     args = make_inputs(SEED + 4, batch=2, length=150)
     segment_ids = jnp.array([[0] * 40 + [1] * 61 + [2] * 49, [7] * 9 + [8] * 141])

@@ -102,6 +102,7 @@ def test_one_token_sequences_run(overrides):
     np.testing.assert_array_equal(positions_within_documents(tokens), [[0], [0]])
 
 
+@pytest.mark.slow
 def test_forward_is_causal_and_isolates_documents():
     """Hybrid GDN + FPA model: logits at t depend on tokens <= t of the same document only."""
     config = tiny("model.pattern=GA", "data.seq_len=24")

@@ -301,6 +301,7 @@ def test_fpa_separable_and_row_referenced_shares_match_the_oracle(forced, monkey
     _assert_fpa_close(*_fpa_case(seed, 200, walk, psi))
 
 
+@pytest.mark.slow
 def test_fpa_tile_paths_chosen_per_tile_match_the_oracle():
     """The paths as chosen: a flat stretch (no dead key: field work skipped), a small walk
     (separable) and a cliff of 300 nats inside the row (spread too wide: row-referenced) in one

@@ -10,6 +10,7 @@ kernels, while tile (1, 0) (queries 64 and 65 of document 0) must not be."""
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from fpa_jax.fpa.reference import fpa_attention_reference, fpa_bias
 from mixer_core import interpret
@@ -27,6 +28,7 @@ def _close(got, want, rtol, name):
     assert err <= rtol, f"{name}: relative error {err:.2e} > {rtol:.0e}"
 
 
+@pytest.mark.slow
 def test_fpa_gradients_with_document_skipping_match_the_dense_oracle():
     seed = case_seed(2941)
     keys = jax.random.split(jax.random.PRNGKey(seed), 7)

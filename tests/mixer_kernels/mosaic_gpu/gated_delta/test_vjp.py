@@ -113,6 +113,7 @@ def test_gate_near_one_over_a_long_sequence():
     _compare(got, _run("reference", arrays, segment_ids, cotangents), 1e-4)
 
 
+@pytest.mark.slow
 def test_bf16_inputs_close_to_float32_oracle():
     """bf16 q, k, v, beta (16-bit kernel operands, float32 state and gates) against the float32
     oracle on the same (rounded) values: bf16-level error, no worse than the "xla" path's
@@ -194,6 +195,7 @@ def test_supports_reasons_on_a_hopper_gpu():
     assert "Hopper" in supports(**{**hopper, "compute_capability": "8.0"})
 
 
+@pytest.mark.slow
 def test_inside_shard_map_with_gradients():
     """Heads split over a mesh axis (one CPU device here; the interpreter cannot run devices
     concurrently): the kernels' outputs vary over the manual axes like their inputs, so the
