@@ -12,7 +12,7 @@ from gdn_jax import GatedDeltaNet
 from mixer_core import interpret
 from tests.seeds import case_seed
 
-BATCH, LENGTH, WIDTH, HEADS, DIM = 1, 70, 32, 1, 64
+BATCH, LENGTH, WIDTH, HEADS, DIM = 1, 33, 32, 1, 64
 
 
 def _module(implementation):
