@@ -88,6 +88,23 @@ def _dt_bias_init(key, shape, dtype=jnp.float32):
     return (dt + jnp.log(-jnp.expm1(-dt))).astype(dtype)
 
 
+def conv_implementation(implementation: str | None, context: int) -> str | None:
+    """The short convolutions' implementation (`gdn_jax.ops.short_conv`) for the op's
+    `implementation` with time split over `context` devices: its default (the kernels where
+    they run) when the delta rule may use its kernels, else "xla"; "xla" also when time is
+    split (the kernels see whole sequences)."""
+    return None if implementation in (None, "pallas") and context <= 1 else "xla"
+
+
+def recomputes_conv_outputs(implementation: str | None, context: int,
+                            keeps_chunk_states: bool) -> bool:
+    """Whether the layer recomputes q, k, v in the backward pass instead of keeping them
+    beside the projections: where the op's backward needs only its inputs
+    (`api.keeps_chunk_states` is False: the "pallas" kernels with their default residuals)
+    and the convolutions run their kernels (`conv_implementation` is the default)."""
+    return not keeps_chunk_states and conv_implementation(implementation, context) is None
+
+
 class CausalDepthwiseConv(nn.Module):
     """y_t[c] = silu(sum_j kernel[j, c] * x_{t - (W-1) + j}[c]); x [B, T, C], kernel [W, C].
 
@@ -238,27 +255,18 @@ class GatedDeltaNet(nn.Module):
         return self.o_proj(gated.reshape(*gated.shape[:-2], -1), model_dim)
 
     def _recomputes_conv_outputs(self, x: jax.Array, segment_ids: jax.Array | None) -> bool:
-        """Whether the op's backward needs only its inputs (`api.keeps_chunk_states` is False:
-        the "pallas" kernels with their default residuals) and the convolutions run their
-        kernels: then q, k, v are recomputed from the projections in the backward pass
-        instead of being kept beside them (`__call__`)."""
-        if self._conv_implementation() is not None:
-            return False
+        """`recomputes_conv_outputs` for this layer's op on x [B, T, D]."""
         batch, length, _ = x.shape
-        facts = dict(dtype=jnp.dtype(self.dtype), batch=batch, seq_len=length,
-                     num_heads=self.num_heads, num_v_heads=self.value_heads,
-                     head_dim=self.head_dim, value_head_dim=self.value_head_dim,
-                     has_segment_ids=segment_ids is not None, has_initial_state=False,
-                     chunk_size=self.chunk_size)
-        return not api.keeps_chunk_states(self.implementation, **facts)
+        q = jax.ShapeDtypeStruct((batch, length, self.num_heads, self.head_dim), self.dtype)
+        v = jax.ShapeDtypeStruct((batch, length, self.value_heads, self.value_head_dim),
+                                 self.dtype)
+        keeps = api.keeps_chunk_states(
+            self.implementation, **api.input_facts(q, v, None, segment_ids, self.chunk_size))
+        return recomputes_conv_outputs(self.implementation, shard.context_size(), keeps)
 
     def _conv_implementation(self) -> str | None:
-        """The short convolutions' implementation (`gdn_jax.ops.short_conv`): its default (the
-        kernel backward where it runs) when the delta rule may use its kernels, else "xla";
-        "xla" also when time is split over devices (the kernel sees whole sequences)."""
-        if self.implementation not in (None, "pallas") or shard.context_size() > 1:
-            return "xla"
-        return None
+        """The short convolutions' implementation (`conv_implementation`)."""
+        return conv_implementation(self.implementation, shard.context_size())
 
     # -- parallel forward ----------------------------------------------------------------------
     def __call__(self, x: jax.Array, *, segment_ids: jax.Array | None = None,

@@ -139,9 +139,11 @@ REGISTRY = Registry("gated_delta_rule", default_order=("pallas", "xla"), entries
 ))
 
 
-def _facts(q, v, initial_state, segment_ids, chunk_size):
+def input_facts(q, v, initial_state, segment_ids, chunk_size):
+    """The facts of the op's inputs that `supports` reads besides the platform's (q, v, the
+    initial state: arrays or anything with .shape and .dtype)."""
     batch, seq_len, num_heads, key_dim = q.shape
-    return {**platform_facts(), "dtype": jnp.dtype(q.dtype), "batch": batch, "seq_len": seq_len,
+    return {"dtype": jnp.dtype(q.dtype), "batch": batch, "seq_len": seq_len,
             "num_heads": num_heads, "num_v_heads": v.shape[2], "head_dim": key_dim,
             "value_head_dim": v.shape[3], "has_segment_ids": segment_ids is not None,
             "has_initial_state": initial_state is not None, "chunk_size": chunk_size}
@@ -196,7 +198,8 @@ def gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None,
     scale = _prepare(q, k, v, g, beta, scale, initial_state, segment_ids, output_final_state)
     chunk_size = int(chunk_size)
     _, fn = REGISTRY.select(implementation,
-                            **_facts(q, v, initial_state, segment_ids, chunk_size))
+                            **platform_facts(),
+                            **input_facts(q, v, initial_state, segment_ids, chunk_size))
     out, final_state = fn(q, k, v, g, beta, scale=scale, initial_state=initial_state,
                           segment_ids=segment_ids, chunk_size=chunk_size)
     return _finish(out, final_state, v, output_final_state)

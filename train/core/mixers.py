@@ -63,7 +63,7 @@ from fpa_jax.layers.fpa import fpa_op_name
 from fpa_jax.layers.selective import POSITIONS as SELECTIVE_POSITIONS
 from fpa_jax.layers.softmax import POSITIONS as SOFTMAX_POSITIONS
 from gdn_jax.diagnostics import gdn_transition_inputs
-from gdn_jax.layer import GatedDeltaNet
+from gdn_jax.layer import GatedDeltaNet, recomputes_conv_outputs
 from gdn_jax.ops import api as gdn_api
 from train.core.config import Config, require
 
@@ -316,11 +316,10 @@ def _gdn_width(config: Config, context: int) -> int:
     value_heads, value_dim = g.num_v_heads or g.num_heads, g.v_head_dim or g.head_dim
     compute_bytes = jnp.dtype(config.model.dtype).itemsize
     states = value_heads * g.head_dim * value_dim * 4 // (GDN_CHUNK * compute_bytes)
-    if _gdn_keeps_states(config, context):
-        return 4 * key_width + 5 * value_heads * value_dim + states
-    if context == 1 and g.implementation in (None, "pallas"):
+    keeps = _gdn_keeps_states(config, context)
+    if recomputes_conv_outputs(g.implementation, context, keeps):
         return 2 * key_width + 4 * value_heads * value_dim
-    return 4 * key_width + 5 * value_heads * value_dim
+    return 4 * key_width + 5 * value_heads * value_dim + (states if keeps else 0)
 
 
 def _gdn_keeps_states(config: Config, context: int) -> bool:
