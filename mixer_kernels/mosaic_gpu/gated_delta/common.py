@@ -6,7 +6,11 @@ mixer_kernels/mosaic_gpu/common.py).
     SUPPORTED_HEAD_DIMS  key / value head dims the kernels are built for
     check_smem(kernel, need, key_dim, value_dim)   a clear error when a block needs more
                          shared memory than SMEM_BYTES
+    per_chunk(kernel, name, out_type, scratch, grid_shape, interpret)   plgpu.kernel with one
+                         block per (chunk, value head, batch), its body named in profiles
 """
+
+from jax.experimental.pallas import mosaic_gpu as plgpu
 
 CHUNK = 64
 SMEM_BYTES = 232448
@@ -17,3 +21,12 @@ def check_smem(kernel: str, need: int, key_dim: int, value_dim: int) -> None:
     if need > SMEM_BYTES:
         raise ValueError(f"the {kernel} needs {need} bytes of shared memory for K = {key_dim}, "
                          f"V = {value_dim}, more than {SMEM_BYTES}")
+
+
+def per_chunk(kernel, name, out_type, scratch, grid_shape, interpret):
+    """`kernel` launched with one block per (chunk "c", value head "hv", batch "b") of
+    grid_shape = (N, HV, B), named `name` in profiles; returns the launch (call it on the
+    operands)."""
+    kernel.__name__ = name
+    return plgpu.kernel(kernel, out_type=out_type, scratch_types=scratch, grid=grid_shape,
+                        grid_names=("c", "hv", "b"), interpret=interpret)

@@ -37,7 +37,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from mixer_kernels.mosaic_gpu.gated_delta.common import CHUNK, SMEM_BYTES, check_smem
+from mixer_kernels.mosaic_gpu.gated_delta.common import CHUNK, SMEM_BYTES, check_smem, per_chunk
 from mixer_kernels.mosaic_gpu.common import matmul, swizzled_smem
 
 
@@ -107,13 +107,9 @@ def forward(q, states, w, u, p, e, *, scale, interpret=None):
                plgpu.SMEM((1, c), jnp.float32),                # e
                swizzled_smem((c, value_dim), op_dtype),        # N
                plgpu.Barrier(num_arrivals=6))
-    kernel.__name__ = "delta_rule_chunk_outputs"  # the kernel's name in profiles
     out_type = jax.ShapeDtypeStruct((batch, q.shape[1], num_v_heads, value_dim), jnp.float32)
-    return plgpu.kernel(
-        kernel, out_type=out_type, scratch_types=scratch,
-        grid=(num_chunks, num_v_heads, batch), grid_names=("c", "hv", "b"),
-        interpret=interpret,
-    )(q, states, w, u, p, e)
+    return per_chunk(kernel, "delta_rule_chunk_outputs", out_type, scratch,
+                     (num_chunks, num_v_heads, batch), interpret)(q, states, w, u, p, e)
 
 
 def backward(q, states, w, u, p, e, d_out, *, scale, interpret=None):
@@ -194,9 +190,5 @@ def backward(q, states, w, u, p, e, d_out, *, scale, interpret=None):
     if key_dim != value_dim:
         scratch += (swizzled_smem((c, key_dim), op_dtype),      # dW
                     swizzled_smem((c, key_dim), jnp.float32))   # dq
-    kernel.__name__ = "delta_rule_chunk_outputs_backward"  # the kernel's name in profiles
-    return plgpu.kernel(
-        kernel, out_type=out_type, scratch_types=scratch,
-        grid=(num_chunks, num_v_heads, batch), grid_names=("c", "hv", "b"),
-        interpret=interpret,
-    )(q, states, w, u, p, e, d_out)
+    return per_chunk(kernel, "delta_rule_chunk_outputs_backward", out_type, scratch,
+                     (num_chunks, num_v_heads, batch), interpret)(q, states, w, u, p, e, d_out)

@@ -26,7 +26,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from mixer_kernels.mosaic_gpu.gated_delta.common import CHUNK, SMEM_BYTES, check_smem
+from mixer_kernels.mosaic_gpu.gated_delta.common import CHUNK, SMEM_BYTES, check_smem, per_chunk
 from mixer_kernels.mosaic_gpu.common import matmul, swizzled_smem
 
 
@@ -95,9 +95,5 @@ def state_gradients(states, lambdas, d_u, u, w, *, interpret=None):
     if key_dim != value_dim:
         scratch += (swizzled_smem((c, key_dim), op_dtype),       # dW
                     swizzled_smem((c, key_dim), op_dtype))       # dKw
-    kernel.__name__ = "delta_rule_state_gradients"  # the kernel's name in profiles
-    return plgpu.kernel(
-        kernel, out_type=out_type, scratch_types=scratch,
-        grid=(num_chunks, num_v_heads, batch), grid_names=("c", "hv", "b"),
-        interpret=interpret,
-    )(states, lambdas, d_u, u, w)
+    return per_chunk(kernel, "delta_rule_state_gradients", out_type, scratch,
+                     (num_chunks, num_v_heads, batch), interpret)(states, lambdas, d_u, u, w)

@@ -132,17 +132,21 @@ def _folding_batch_axes(kernel, in_axes, out_axes):
 
 
 @functools.cache
-def _kernels(tiling, lambdas_16bit=False):
-    """(forward, backward) state kernels for one tiling, batchable by vmap; each behind one
-    jax.jit, so the layers of a model share one traced program, lowered once per step."""
-    forward = _folding_batch_axes(
+def _forward_states(tiling):
+    """The forward state kernel for one tiling, batchable by vmap, behind one jax.jit, so the
+    layers of a model share one traced program, lowered once per step."""
+    return _folding_batch_axes(
         jax.jit(functools.partial(state_kernels.forward_states, tiling=tiling)),
         in_axes=(1, 1, 1, 0, 0), out_axes=(1, 0))
-    backward = _folding_batch_axes(
+
+
+@functools.cache
+def _backward_states(tiling, lambdas_16bit):
+    """The backward state kernel, as `_forward_states`."""
+    return _folding_batch_axes(
         jax.jit(functools.partial(state_kernels.backward_states, tiling=tiling,
                                   lambdas_16bit=lambdas_16bit)),
         in_axes=(1, 1, 1, 0, 0), out_axes=(1, 1, 0))
-    return forward, backward
 
 
 @functools.cache
@@ -196,11 +200,11 @@ _product_16.defvjp(_product_16_fwd, _product_16_bwd)
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
 def state_recurrence(kw, w, u, rho, s0, tiling):
     """(entering states [N, B, HV, K, V], final state [B, HV, K, V]); see module docstring."""
-    return _kernels(tiling)[0](kw, w, u, rho, s0)
+    return _forward_states(tiling)(kw, w, u, rho, s0)
 
 
 def _state_recurrence_fwd(kw, w, u, rho, s0, tiling):
-    states, final = _kernels(tiling)[0](kw, w, u, rho, s0)
+    states, final = _forward_states(tiling)(kw, w, u, rho, s0)
     return (states, final), (kw, w, u, rho, states)
 
 
@@ -210,7 +214,7 @@ def _state_recurrence_bwd(tiling, residuals, cotangents):
     if STATE_GRADIENTS not in ("pallas", "xla"):
         raise ValueError(f"STATE_GRADIENTS: expected 'pallas' or 'xla', got {STATE_GRADIENTS!r}")
     in_kernel = STATE_GRADIENTS == "pallas" and state_gradient_kernel.fits(*states.shape[-2:])
-    lambdas, d_u, d_s0 = _kernels(tiling, in_kernel)[1](kw, w, d_states, rho, d_final)
+    lambdas, d_u, d_s0 = _backward_states(tiling, in_kernel)(kw, w, d_states, rho, d_final)
     if in_kernel:
         d_w, d_kw, rows = _state_gradient_kernel()(states.astype(w.dtype), lambdas, d_u, u, w)
         d_rho = jnp.moveaxis(rows[..., 0, :].sum(-1), 0, -1)                    # [B, HV, N]
