@@ -3,12 +3,17 @@ inputs: with the "pallas" op (interpreted here; its backward reruns the forward 
 they are recomputed from the projections the convolutions keep, with the same gradients; with
 "xla" (which keeps its chunk states) they are kept."""
 
+import collections
+import re
+
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from gdn_jax import GatedDeltaNet
+from gdn_jax.ops import api, short_conv
 from mixer_core import interpret
 from tests.seeds import case_seed
 
@@ -20,24 +25,34 @@ def _module(implementation):
                          implementation=implementation)
 
 
+def _variable_shapes(module, x):
+    return nn.meta.unbox(jax.eval_shape(module.init, jax.random.PRNGKey(0), x))
+
+
 def _setup(seed):
     rng = np.random.default_rng(seed)
     x = jnp.asarray(rng.standard_normal((BATCH, LENGTH, WIDTH)), jnp.float32)
-    shapes = jax.eval_shape(_module("xla").init, jax.random.PRNGKey(0), x)
     variables = jax.tree_util.tree_map(
         lambda s: jnp.asarray(0.3 * rng.standard_normal(s.shape), s.dtype),
-        jax.tree_util.tree_map(lambda a: a, shapes, is_leaf=lambda a: hasattr(a, "unbox")))
-    return x, jax.tree_util.tree_map(lambda a: a.unbox() if hasattr(a, "unbox") else a,
-                                     variables, is_leaf=lambda a: hasattr(a, "unbox"))
+        _variable_shapes(_module("xla"), x))
+    return x, variables
+
+
+def _pullback(module, x):
+    return lambda variables: jax.vjp(lambda v: module.apply(v, x), variables)[1]
+
+
+def _kept(module, variables, x):
+    """How many arrays the backward keeps that have the shape of the op's q or k."""
+    pullback = jax.eval_shape(_pullback(module, x), variables)
+    return sum(leaf.shape == (BATCH, LENGTH, HEADS, DIM)
+               for leaf in jax.tree_util.tree_leaves(pullback))
 
 
 def _kept_and_grads(module, variables, x, cotangent):
-    """(how many kept arrays have the shape of the op's q or k, the parameters' gradients)."""
-    def pullback(variables):
-        return jax.vjp(lambda v: module.apply(v, x), variables)[1]
-    kept = sum(leaf.shape == (BATCH, LENGTH, HEADS, DIM)
-               for leaf in jax.tree_util.tree_leaves(jax.eval_shape(pullback, variables)))
-    return kept, jax.jit(lambda v: pullback(v)(cotangent)[0])(variables)
+    """(`_kept`, the parameters' gradients)."""
+    grads = jax.jit(lambda v: _pullback(module, x)(v)(cotangent)[0])(variables)
+    return _kept(module, variables, x), grads
 
 
 @pytest.mark.slow
@@ -57,10 +72,7 @@ def test_pallas_recomputes_q_k_v_with_the_same_gradients(monkeypatch):
 
 def test_xla_keeps_q_k_v():
     x, variables = _setup(case_seed(572))
-    pullback = jax.eval_shape(lambda v: jax.vjp(lambda w: _module("xla").apply(w, x), v)[1],
-                              variables)
-    assert sum(leaf.shape == (BATCH, LENGTH, HEADS, DIM)
-               for leaf in jax.tree_util.tree_leaves(pullback)) >= 2
+    assert _kept(_module("xla"), variables, x) >= 2
 
 
 def test_the_recompute_adds_only_the_convolutions_forward(monkeypatch):
@@ -68,20 +80,12 @@ def test_the_recompute_adds_only_the_convolutions_forward(monkeypatch):
     kernel six times (three in the forward pass, three recomputed), the op's WY and state
     kernels twice (the forward pass and the op's own rerun) and its output kernel once: the
     recompute's rerun of the op, whose output nothing reads, is dropped."""
-    import collections
-    import re
-
-    from gdn_jax.ops import api, short_conv
-
     hopper = lambda: {"platform": "gpu", "compute_capability": "9.0"}    # noqa: E731
     monkeypatch.setattr(api, "platform_facts", hopper)
     monkeypatch.setattr(short_conv, "platform_facts", hopper)
     module = GatedDeltaNet(num_heads=2, head_dim=64, dtype=jnp.bfloat16)
     x = jnp.zeros((1, 128, 128), jnp.bfloat16)
-    shapes = jax.eval_shape(module.init, jax.random.PRNGKey(0), x)
-    variables = jax.tree_util.tree_map(lambda a: jnp.zeros(a.shape, a.dtype), jax.tree_util.tree_map(
-        lambda a: a.unbox() if hasattr(a, "unbox") else a, shapes,
-        is_leaf=lambda a: hasattr(a, "unbox")))
+    variables = _variable_shapes(module, x)     # traced and lowered only
 
     def loss(variables, x):
         return jnp.sum(module.apply(variables, x).astype(jnp.float32))
