@@ -119,17 +119,18 @@ def _train_function(model: nn.Module, config: ProbeConfig):
         ce = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
         return jnp.sum(ce * mask) / jnp.maximum(jnp.sum(mask), 1)
 
+    def scored_hits(params, tokens, targets, mask):
+        return (jnp.argmax(model.apply({"params": params}, tokens), axis=-1) == targets) * mask
+
     def accuracy(params, tokens, targets, mask):
-        hits = jnp.argmax(model.apply({"params": params}, tokens), axis=-1) == targets
-        return jnp.sum(hits * mask) / jnp.maximum(jnp.sum(mask), 1)
+        return jnp.sum(scored_hits(params, tokens, targets, mask)) / jnp.maximum(jnp.sum(mask), 1)
 
     def accuracy_by_position(params, tokens, targets, mask):
         """[T]: held-out accuracy at each position over the sequences scored there (NaN where
         none is)."""
-        hits = jnp.argmax(model.apply({"params": params}, tokens), axis=-1) == targets
+        hits = scored_hits(params, tokens, targets, mask)
         scored = jnp.sum(mask, axis=0)
-        return jnp.where(scored > 0, jnp.sum(hits * mask, axis=0) / jnp.maximum(scored, 1),
-                         jnp.nan)
+        return jnp.where(scored > 0, jnp.sum(hits, axis=0) / jnp.maximum(scored, 1), jnp.nan)
 
     def train_one(key, train, test):
         init_key, batch_key = jax.random.split(key)
