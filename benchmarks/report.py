@@ -93,9 +93,8 @@ def format_table(benchmark, args, results, rows):
         lines.append(f"bf16 8192^3 matmul in this run: {jax_info['matmul_tflops']:.0f} TFLOP/s "
                      f"(the ceiling for '% ceil')")
     lines += [aligned(line) for line in table]
-    calls = getattr(args, "calls_per_sample", 1)
-    timed = (f"{args.repeats} calls" if calls == 1 else
-             f"{args.repeats} samples of {calls} back-to-back calls (per call)")
+    timed = (f"{args.repeats} calls" if args.calls_per_sample == 1 else
+             f"{args.repeats} samples of {args.calls_per_sample} back-to-back calls (per call)")
     lines.append(f"ms: median of {timed} after {args.warmup} warm-up calls; "
                  f"x {args.anchor}: time / its time on the same shape")
     lines.append("peak: JAX = compiled arguments + outputs + scratch; torch = CUDA allocator "
