@@ -62,6 +62,14 @@ CASES = {   # batch, chunks, heads, group, K, V, dtype, bound
 }
 
 
+@jax.jit
+def _oracle_and_pullback(args, d_out):
+    """The oracle and its vjp at d_out as one program (op by op, each of their small ops
+    compiled on its own)."""
+    want, pull = jax.vjp(oracle, *args)
+    return want, pull(d_out)
+
+
 @pytest.mark.parametrize("name", list(CASES))
 def test_kernels_match_the_oracle_and_its_autodiff(name):
     """Output and all six cotangents (dq summed over the group) against autodiff of the float32
@@ -69,12 +77,11 @@ def test_kernels_match_the_oracle_and_its_autodiff(name):
     *shape, dtype, bound = CASES[name]
     args, d_out = _inputs(case_seed(520 + list(CASES).index(name)), *shape, dtype)
     heads, group = shape[2], shape[3]
-    want, pull = jax.vjp(oracle, *args)
-    want_grads = pull(d_out.astype(jnp.float32))
+    want, want_grads = _oracle_and_pullback(args, d_out.astype(jnp.float32))
     with interpret.gpu_interpret():
         got = jax.jit(lambda *a: output_kernels.forward(*a, scale=SCALE))(*args)
         d_q, *rest = jax.jit(lambda *a: output_kernels.backward(*a, scale=SCALE))(*args, d_out)
-    d_q = d_q.reshape(*d_q.shape[:2], heads, group, -1).sum(3)
+    d_q = np.asarray(d_q).reshape(*d_q.shape[:2], heads, group, -1).sum(3)   # on the host
     assert got.shape == want.shape and got.dtype == jnp.float32
     assert _rel(got, want) < bound, _rel(got, want)
     for label, a, b, x in zip(("dq", "dS", "dW", "dU", "dP", "de"), (d_q, *rest), want_grads,
@@ -116,13 +123,17 @@ def test_forward_kernel_with_xla_backward_where_the_backward_does_not_fit():
     `chunk_outputs` for the backward; both against `chunk_outputs` alone (float32)."""
     (q, states, w, u, p, e), d_out = _inputs(case_seed(528), 1, 2, 1, 2, 64, 256, jnp.float32)
     args = (q, states, w, u, p, e[..., 0, :])
-    want, pull = jax.vjp(lambda *xs: vjp.chunk_outputs(*xs, SCALE, jnp.float32), *args)
+
+    def value_and_pullback(outputs, args, d_out):   # one program (op by op, each small op
+        want, pull = jax.vjp(lambda *xs: outputs(*xs, SCALE, jnp.float32), *args)  # alone)
+        return want, pull(d_out)
+
+    want, want_grads = jax.jit(lambda *a: value_and_pullback(vjp.chunk_outputs, *a))(args, d_out)
     with interpret.gpu_interpret():
-        got, pull_got = jax.vjp(
-            lambda *xs: vjp.chunk_outputs_pallas(*xs, SCALE, jnp.float32), *args)
-        got_grads = pull_got(d_out)
+        got, got_grads = jax.jit(lambda *a: value_and_pullback(vjp.chunk_outputs_pallas, *a))(
+            args, d_out)
     assert _rel(got, want) < 1e-5, _rel(got, want)
-    for label, a, b in zip(("dq", "dS", "dW", "dU", "dP", "de"), got_grads, pull(d_out)):
+    for label, a, b in zip(("dq", "dS", "dW", "dU", "dP", "de"), got_grads, want_grads):
         assert _rel(a, b) < 1e-5, (label, _rel(a, b))
 
 
