@@ -45,7 +45,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from mixer_kernels.mosaic_gpu.gated_delta import wy, wy_kernel
-from mixer_kernels.mosaic_gpu.gated_delta.common import CHUNK, SMEM_BYTES, check_smem
+from mixer_kernels.mosaic_gpu.gated_delta.common import CHUNK, SMEM_BYTES, check_smem, per_chunk
 from mixer_kernels.mosaic_gpu.common import matmul, swizzled_smem
 
 
@@ -167,12 +167,9 @@ def backward(q, k, v, rows, cotangents, *, scale, interpret=None):
                swizzled_smem((c, key_dim), jnp.float32),      # dk
                row_tile,                                      # drows
                plgpu.Barrier(num_arrivals=4, num_barriers=2))
-    kernel.__name__ = "delta_rule_wy_backward"  # the kernel's name in profiles
-    d_q, d_k, d_v, d_rows = plgpu.kernel(
-        kernel, out_type=out_type, scratch_types=scratch,
-        grid=(num_chunks, num_v_heads, batch), grid_names=("c", "hv", "b"),
-        interpret=interpret,
-    )(q, k, v, rows, *(x.astype(op_dtype) for x in cotangents))
+    d_q, d_k, d_v, d_rows = per_chunk(kernel, "delta_rule_wy_backward", out_type, scratch,
+                                      (num_chunks, num_v_heads, batch), interpret)(
+        q, k, v, rows, *(x.astype(op_dtype) for x in cotangents))
 
     def summed(x, like):          # [B, Tp, HV, K] partials -> [B, Tp, H, K] in like's dtype
         return x.reshape(*like.shape[:3], group, key_dim).sum(3).astype(like.dtype)

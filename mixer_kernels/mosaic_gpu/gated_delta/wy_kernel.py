@@ -35,7 +35,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from mixer_kernels.mosaic_gpu.gated_delta import wy
-from mixer_kernels.mosaic_gpu.gated_delta.common import CHUNK, check_smem
+from mixer_kernels.mosaic_gpu.gated_delta.common import CHUNK, check_smem, per_chunk
 from mixer_kernels.mosaic_gpu.common import matmul, swizzled_smem
 
 
@@ -153,9 +153,5 @@ def prepare(q, k, v, rows, *, scale, with_inverse=False, interpret=None):
         out_type.append(jax.ShapeDtypeStruct((*chunk_major, c), jnp.float32))
         scratch.append(swizzled_smem(shape, jnp.float32))
     scratch.append(plgpu.Barrier(num_arrivals=4))
-    kernel.__name__ = "delta_rule_wy_prepare"  # the kernel's name in profiles
-    return plgpu.kernel(
-        kernel, out_type=tuple(out_type), scratch_types=tuple(scratch),
-        grid=(num_chunks, num_v_heads, batch), grid_names=("c", "hv", "b"),
-        interpret=interpret,
-    )(q, k, v, rows)
+    return per_chunk(kernel, "delta_rule_wy_prepare", tuple(out_type), tuple(scratch),
+                     (num_chunks, num_v_heads, batch), interpret)(q, k, v, rows)
