@@ -2,6 +2,8 @@
 autodiff of an XLA oracle of O_c = scale diag(e) Q_c S_c + P_c (U_c - W_c S_c), their CUDA
 lowering, where their shared memory fits, and the op through each setting of `vjp.OUTPUTS`."""
 
+import functools
+
 import numpy as np
 import jax
 import jax.numpy as jnp
@@ -62,12 +64,12 @@ CASES = {   # batch, chunks, heads, group, K, V, dtype, bound
 }
 
 
-@jax.jit
-def _oracle_and_pullback(args, d_out):
-    """The oracle and its vjp at d_out as one program (op by op, each of their small ops
+@functools.partial(jax.jit, static_argnums=0)
+def _value_and_pullback(fn, args, d_out):
+    """fn(*args) and its vjp at d_out as one program (op by op, each of their small ops
     compiled on its own)."""
-    want, pull = jax.vjp(oracle, *args)
-    return want, pull(d_out)
+    value, pull = jax.vjp(fn, *args)
+    return value, pull(d_out)
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -77,7 +79,7 @@ def test_kernels_match_the_oracle_and_its_autodiff(name):
     *shape, dtype, bound = CASES[name]
     args, d_out = _inputs(case_seed(520 + list(CASES).index(name)), *shape, dtype)
     heads, group = shape[2], shape[3]
-    want, want_grads = _oracle_and_pullback(args, d_out.astype(jnp.float32))
+    want, want_grads = _value_and_pullback(oracle, args, d_out.astype(jnp.float32))
     with interpret.gpu_interpret():
         got = jax.jit(lambda *a: output_kernels.forward(*a, scale=SCALE))(*args)
         d_q, *rest = jax.jit(lambda *a: output_kernels.backward(*a, scale=SCALE))(*args, d_out)
@@ -123,15 +125,11 @@ def test_forward_kernel_with_xla_backward_where_the_backward_does_not_fit():
     `chunk_outputs` for the backward; both against `chunk_outputs` alone (float32)."""
     (q, states, w, u, p, e), d_out = _inputs(case_seed(528), 1, 2, 1, 2, 64, 256, jnp.float32)
     args = (q, states, w, u, p, e[..., 0, :])
-
-    def value_and_pullback(outputs, args, d_out):   # one program (op by op, each small op
-        want, pull = jax.vjp(lambda *xs: outputs(*xs, SCALE, jnp.float32), *args)  # alone)
-        return want, pull(d_out)
-
-    want, want_grads = jax.jit(lambda *a: value_and_pullback(vjp.chunk_outputs, *a))(args, d_out)
+    want, want_grads = _value_and_pullback(
+        lambda *xs: vjp.chunk_outputs(*xs, SCALE, jnp.float32), args, d_out)
     with interpret.gpu_interpret():
-        got, got_grads = jax.jit(lambda *a: value_and_pullback(vjp.chunk_outputs_pallas, *a))(
-            args, d_out)
+        got, got_grads = _value_and_pullback(
+            lambda *xs: vjp.chunk_outputs_pallas(*xs, SCALE, jnp.float32), args, d_out)
     assert _rel(got, want) < 1e-5, _rel(got, want)
     for label, a, b in zip(("dq", "dS", "dW", "dU", "dP", "de"), got_grads, want_grads):
         assert _rel(a, b) < 1e-5, (label, _rel(a, b))
