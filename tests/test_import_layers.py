@@ -4,7 +4,8 @@ of a module are.
 Every module of the library packages and of `train` is parsed with `ast` (nothing is imported)
 and mapped to a layer. A module may import from its own layer and from the layers below it,
 never from a layer above; imports inside functions count like the others. Within `train` the
-modules import each other without cycles.
+modules import each other without cycles. A kernel family (mixer_kernels/<backend>/<family>/)
+imports itself, its backend's top-level modules and mixer_core only.
 
 tests/ mirrors the package tree, and every test file is named after the module it tests:
 tests/<dir>/test_<name>.py, where <name> is the name of a module of <dir>/ or begins with it
@@ -130,6 +131,60 @@ def test_a_kernel_backend_imports_only_the_core_and_itself():
                 problems.append(f"{path.relative_to(REPO)}:{line}: {module} imports {target} "
                                 f"(outside mixer_core and {backend})")
     assert not problems, "\n".join(problems)
+
+
+def kernel_family(module: str) -> str | None:
+    """The kernel family package mixer_kernels.<backend>.<family> that `module` lies in (is or
+    is under), or None for the backends' top-level modules and what lies outside
+    mixer_kernels."""
+    parts = module.split(".")
+    if parts[0] != "mixer_kernels" or len(parts) < 3 or not REPO.joinpath(*parts[:3]).is_dir():
+        return None
+    return ".".join(parts[:3])
+
+
+def cross_family_imports_of(module: str, path: Path) -> list[str]:
+    """One line per import of `module` (read from `path`), a module of a kernel family, from
+    outside its family, its backend's top-level modules and mixer_core."""
+    family = kernel_family(module)
+    if family is None:
+        return []
+    backend = family.split(".")[:2]
+    where = path.relative_to(REPO) if path.is_relative_to(REPO) else path
+    problems = []
+    for line, target in imported_modules(module, path):
+        if target.split(".")[0] == "mixer_core" or kernel_family(target) == family:
+            continue
+        if target.split(".")[:2] == backend and kernel_family(target) is None:
+            continue                            # the backend's top-level modules (common.py)
+        problems.append(f"{where}:{line}: {module} imports {target} (outside mixer_core, "
+                        f"{family} and {'.'.join(backend)}'s top-level modules)")
+    return problems
+
+
+def test_a_kernel_family_imports_only_itself_its_backends_top_level_and_the_core():
+    """mixer_kernels/<backend>/<family>/ imports its own family, the modules directly in
+    mixer_kernels/<backend>/ (the helpers every family shares) and mixer_core: what two
+    families share lives in the backend's top level, never in one of them."""
+    problems = [problem for module, path in MODULES.items()
+                for problem in cross_family_imports_of(module, path)]
+    assert not problems, "\n".join(problems)
+
+
+def test_a_cross_family_import_is_named_with_its_file_and_line(tmp_path):
+    path = tmp_path / "common.py"
+    path.write_text("import jax\n\nfrom mixer_core.padding import pad_time\n"
+                    "from mixer_kernels.mosaic_gpu.common import matmul\n"
+                    "from mixer_kernels.mosaic_gpu.short_conv.forward import conv_forward_pass\n"
+                    "from mixer_kernels.mosaic_gpu.attention.forward import heads_major\n")
+    assert cross_family_imports_of("mixer_kernels.mosaic_gpu.short_conv.common", path) == [
+        f"{path}:6: mixer_kernels.mosaic_gpu.short_conv.common imports "
+        "mixer_kernels.mosaic_gpu.attention.forward (outside mixer_core, "
+        "mixer_kernels.mosaic_gpu.short_conv and mixer_kernels.mosaic_gpu's top-level modules)"]
+    attention = "mixer_kernels.mosaic_gpu.attention"
+    assert kernel_family(attention) == kernel_family(attention + ".forward") == attention
+    assert kernel_family("mixer_kernels.mosaic_gpu.common") is None
+    assert kernel_family("mixer_kernels.mosaic_gpu") is None
 
 
 def test_the_op_families_do_not_import_each_other():

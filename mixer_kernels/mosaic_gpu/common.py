@@ -3,11 +3,16 @@ short convolution).
 
     swizzled_smem(shape, dtype)   an SMEM buffer type, tiled and swizzled for TMA and wgmma
     matmul(a, b, shape)           a @ b on the tensor cores, float32 result
+    document_start_index(segment_ids, padded)   each row's document start, as the kernels
+                                                label documents (XLA side)
 """
 
+import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from mixer_core.padding import pad_time
 
 
 def swizzled_smem(shape, dtype, swizzle=128):
@@ -24,3 +29,13 @@ def matmul(a, b, shape):
         plgpu.wgmma(acc, a, b)
         return acc[...]
     return pl.run_scoped(body, plgpu.ACC(shape, jnp.float32))
+
+
+def document_start_index(segment_ids, padded):
+    """[B, T] contiguous document ids -> [B, Tp] float32 index of each row's document start
+    (-1 on padding rows)."""
+    positions = jnp.arange(segment_ids.shape[1])
+    change = jnp.concatenate([jnp.ones_like(segment_ids[:, :1], bool),
+                              segment_ids[:, 1:] != segment_ids[:, :-1]], axis=1)
+    starts = jax.lax.cummax(jnp.where(change, positions, 0), axis=1).astype(jnp.float32)
+    return pad_time(starts, padded, 1, -1.0)

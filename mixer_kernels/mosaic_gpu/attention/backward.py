@@ -37,7 +37,8 @@ from mixer_kernels.mosaic_gpu.attention.common import (BIG, BLOCK, LOG2E, SUPPOR
 from mixer_kernels.mosaic_gpu.attention.backward_diagonal_kernel import diagonal_shares_kernel
 from mixer_kernels.mosaic_gpu.attention.backward_kernels import (KernelConfig, dkv_kernel, dq_kernel,
                                                            pack_layout)
-from mixer_kernels.mosaic_gpu.attention.forward import document_start_index, heads_major, pruning_margin
+from mixer_kernels.mosaic_gpu.attention.forward import heads_major, pruning_margin
+from mixer_kernels.mosaic_gpu.common import document_start_index
 from mixer_core.interpret import interpret_active
 from mixer_core.padding import pad_time, padded_length
 

@@ -33,7 +33,6 @@ per-row / per-column vectors and per-block scalars the kernel reads, and runs th
 import math
 from typing import Optional
 
-import jax
 import jax.numpy as jnp
 
 from mixer_kernels.mosaic_gpu.attention.bias import FPABias, NoBias, SeparableBias
@@ -42,6 +41,7 @@ from mixer_kernels.mosaic_gpu.attention.fields import at_block_ends, statistics
 from mixer_core.interpret import interpret_active
 from mixer_core.padding import pad_time, padded_length
 from mixer_kernels.mosaic_gpu.attention.forward_kernel import LOG2E, ForwardConfig, forward_kernel
+from mixer_kernels.mosaic_gpu.common import document_start_index
 
 
 def pruning_margin(length: int) -> float:
@@ -64,16 +64,6 @@ def _blocks(x, n):
 def _per_block(scalar, n):
     """[..., nb] -> [..., nb * n] (each block's scalar repeated over its positions)."""
     return jnp.repeat(scalar, n, axis=-1)
-
-
-def document_start_index(segment_ids, padded):
-    """[B, T] contiguous document ids -> [B, Tp] float32 index of each row's document start
-    (-1 on padding rows)."""
-    positions = jnp.arange(segment_ids.shape[1])
-    change = jnp.concatenate([jnp.ones_like(segment_ids[:, :1], bool),
-                              segment_ids[:, 1:] != segment_ids[:, :-1]], axis=1)
-    starts = jax.lax.cummax(jnp.where(change, positions, 0), axis=1).astype(jnp.float32)
-    return pad_time(starts, padded, 1, -1.0)
 
 
 def _pack(vectors, names, n):

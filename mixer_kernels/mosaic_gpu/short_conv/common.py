@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from mixer_core.padding import pad_time
-from mixer_kernels.mosaic_gpu.attention.forward import document_start_index
+from mixer_kernels.mosaic_gpu.common import document_start_index
 
 PAD = 8
 BLOCK = 64
