@@ -16,6 +16,7 @@ into the same one-line DeviceMemoryError naming --seq-len / --batch-size.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,7 @@ from train.core.memory import (check_fits, device_memory_bytes, estimate_eval_me
                                eval_what_to_lower, out_of_memory_errors)
 from train.core.runs import load_run, restore_run_state
 from train.core.session import Session, build_session, make_split_dataset, to_global
-from train.core.sharding import mesh_context
+from train.core.sharding import BATCH_MESH_AXES, mesh_context
 
 
 def evaluate(session: Session, params: Any, batches: Iterator[dict[str, np.ndarray]],
@@ -93,7 +94,7 @@ def evaluate_run(run_dir: str | Path, *, seq_len: int | None = None,
     session = build_session(run_config, tokenizer.vocab_size)    # abstract shapes, no arrays
     config = _eval_config(run_config, seq_len, batch_size)
     mesh = dict(session.mesh.shape)
-    shards = mesh["data"] * mesh["fsdp"]
+    shards = math.prod(mesh[axis] for axis in BATCH_MESH_AXES)
     if config.data.batch_size % shards:
         raise ConfigError(f"batch_size: expected a multiple of the mesh's data x fsdp = {shards} "
                           f"batch shards, got {config.data.batch_size}")

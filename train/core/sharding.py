@@ -31,16 +31,16 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from mixer_core import shard
 
-MESH_AXES = ("data", "fsdp", "tensor", shard.CONTEXT_AXIS)   # context: only when > 1
+MESH_AXES = (*shard.BATCH_AXES, shard.HEAD_AXIS, shard.CONTEXT_AXIS)   # context: only when > 1
 BATCH_MESH_AXES = shard.BATCH_AXES      # the mixers' ops split rows and heads the same way
 LOGICAL_AXIS_RULES: tuple[tuple[str, Any], ...] = (
     ("batch", BATCH_MESH_AXES),
     ("embed", "fsdp"),
-    ("vocab", "tensor"),
-    ("mlp", "tensor"),
+    ("vocab", shard.HEAD_AXIS),         # the tensor axis, over which the heads split
+    ("mlp", shard.HEAD_AXIS),
     ("heads", shard.HEAD_AXIS),
-    ("heads_x_dim", "tensor"),
-    ("v_heads", "tensor"),
+    ("heads_x_dim", shard.HEAD_AXIS),
+    ("v_heads", shard.HEAD_AXIS),
     ("expert", "data"),
     ("length", None),
     ("head_dim", None),
