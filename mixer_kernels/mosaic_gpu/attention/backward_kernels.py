@@ -59,7 +59,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from mixer_kernels.mosaic_gpu.attention.common import (
     BIG, BLOCK, COMPILER_PARAMS, LOG2E, no_dead_floor, reciprocal)
-from mixer_kernels.mosaic_gpu.attention.common import decay as _decay
+from mixer_kernels.mosaic_gpu.attention.common import decay
 from mixer_kernels.mosaic_gpu.common import matmul, swizzled_smem
 
 # Pack rows read as vectors along a tile axis; every other name is a per-block scalar, and a
@@ -473,9 +473,9 @@ class Tile:
         """
         tau = self.cfg.tau
         range_min = self.fpa_range_min(False, None, None, gap_min)
-        to_key = _decay(self.col("suf_min") - range_min, tau)
-        to_query = _decay(self.row("pre_min") - range_min, tau)
-        to_gap = _decay(gap_min - range_min, tau)
+        to_key = decay(self.col("suf_min") - range_min, tau)
+        to_query = decay(self.row("pre_min") - range_min, tau)
+        to_gap = decay(gap_min - range_min, tau)
         mass = (self.col("suf_mass") * to_key + self.row("pre_mass") * to_query
                 + gap_mass * to_gap)
         share = coef * reciprocal(jnp.maximum(mass, 1.0))
@@ -520,9 +520,9 @@ class Tile:
         or, where the gap lies lower, the gap piece weighs at least e^-SEPARABLE_SPREAD.
         """
         tau = self.cfg.tau
-        w_gap = _decay(gap_min - r, tau)
-        key_scale = _decay(self.cols.scalar("alo") - r, tau)
-        query_scale = _decay(self.rows.scalar("bmin") - r, tau)
+        w_gap = decay(gap_min - r, tau)
+        key_scale = decay(self.cols.scalar("alo") - r, tau)
+        query_scale = decay(self.rows.scalar("bmin") - r, tau)
         over_keys = lambda x: lax.broadcast_in_dim(x, self.shape, [self.ka])
         over_queries = lambda x: lax.broadcast_in_dim(x, self.shape, [self.qa])
         # the side along the tile's columns is scaled per pair (one fused multiply-add with
@@ -533,8 +533,8 @@ class Tile:
         else:              # dk/dv: keys along the rows
             rows = self.cols.vec("suf_wmass") * key_scale + gap_mass * w_gap
             denom = over_queries(self.rows.vec("pre_wmass")) * query_scale + over_keys(rows)
-        w_key = _decay(self.cols.vec("suf_min") - r, tau)    # used after the sums, each by the
-        w_query = _decay(self.rows.vec("pre_min") - r, tau)  # sweep whose rows it lies along
+        w_key = decay(self.cols.vec("suf_min") - r, tau)    # used after the sums, each by the
+        w_query = decay(self.rows.vec("pre_min") - r, tau)  # sweep whose rows it lies along
         return coef * reciprocal(denom), w_key, w_query, w_gap
 
     def row_referenced_weights(self, coef, gap_min, gap_mass):
@@ -546,7 +546,7 @@ class Tile:
         tau = self.cfg.tau
         pre = self.rows.vec("pre_min")
         query_min = jnp.minimum(pre, gap_min)
-        w_query, w_gap = _decay(pre - query_min, tau), _decay(gap_min - query_min, tau)
+        w_query, w_gap = decay(pre - query_min, tau), decay(gap_min - query_min, tau)
         diff = lax.broadcast_in_dim(query_min, self.shape, [self.qa]) - self.col("suf_min")
         y = jnp.exp(jnp.abs(diff) * (-1.0 / tau))
         key_first = diff > 0.0
@@ -562,8 +562,8 @@ class Tile:
 def _gap_update(gap_min, gap_mass, block_min, block_mass, tau):
     """Scalars: the gap's minimum and its soft-min mass relative to it, one block more."""
     new_min = jnp.minimum(gap_min, block_min)
-    new_mass = (gap_mass * _decay(gap_min - new_min, tau)
-                + block_mass * _decay(block_min - new_min, tau))
+    new_mass = (gap_mass * decay(gap_min - new_min, tau)
+                + block_mass * decay(block_min - new_min, tau))
     return new_min, new_mass
 
 

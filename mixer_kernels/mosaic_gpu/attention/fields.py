@@ -59,7 +59,7 @@ import numpy as np
 
 from mixer_kernels.mosaic_gpu.attention import fields_kernels
 from mixer_kernels.mosaic_gpu.attention.common import BIG
-from mixer_kernels.mosaic_gpu.attention.common import decay as _decay
+from mixer_kernels.mosaic_gpu.attention.common import decay
 
 FIELD_PASSES = "by_level"
 PASSES = ("kernels", "by_level", "all_levels")
@@ -144,13 +144,13 @@ def _level_stats_by_level(phi, block, tau):
         pm, pw, sm, sw = (halves(a) for a in (pre_min, pre_mass, suf_min, suf_mass))
         total_min, total_mass = pm[..., -1:], pw[..., -1:]   # [..., groups, 2, 1] per half
         joined = jnp.minimum(pm[..., 1, :], total_min[..., 0, :])
-        second_pre = (pw[..., 1, :] * _decay(pm[..., 1, :] - joined, tau)
-                      + total_mass[..., 0, :] * _decay(total_min[..., 0, :] - joined, tau))
+        second_pre = (pw[..., 1, :] * decay(pm[..., 1, :] - joined, tau)
+                      + total_mass[..., 0, :] * decay(total_min[..., 0, :] - joined, tau))
         pre_min = jnp.stack([pm[..., 0, :], joined], axis=-2).reshape(shape)
         pre_mass = jnp.stack([pw[..., 0, :], second_pre], axis=-2).reshape(shape)
         joined = jnp.minimum(sm[..., 0, :], total_min[..., 1, :])
-        first_suf = (sw[..., 0, :] * _decay(sm[..., 0, :] - joined, tau)
-                     + total_mass[..., 1, :] * _decay(total_min[..., 1, :] - joined, tau))
+        first_suf = (sw[..., 0, :] * decay(sm[..., 0, :] - joined, tau)
+                     + total_mass[..., 1, :] * decay(total_min[..., 1, :] - joined, tau))
         suf_min = jnp.stack([joined, sm[..., 1, :]], axis=-2).reshape(shape)
         suf_mass = jnp.stack([first_suf, sw[..., 1, :]], axis=-2).reshape(shape)
         stats.append((pre_min, pre_mass, suf_min, suf_mass))
@@ -192,9 +192,9 @@ def _level_stats_at_once(phi, block, tau):
     prefix, suffix = group_masks(block)
     x = _by_block(phi, block)                                    # [..., nb, 1, 1, n(u)]
     pre_min = jnp.min(jnp.where(prefix, x, BIG), axis=-1)        # [..., nb, Lv, n]
-    pre_mass = jnp.sum(jnp.where(prefix, _decay(x - pre_min[..., None], tau), 0.0), axis=-1)
+    pre_mass = jnp.sum(jnp.where(prefix, decay(x - pre_min[..., None], tau), 0.0), axis=-1)
     suf_min = jnp.min(jnp.where(suffix, x, BIG), axis=-1)
-    suf_mass = jnp.sum(jnp.where(suffix, _decay(x - suf_min[..., None], tau), 0.0), axis=-1)
+    suf_mass = jnp.sum(jnp.where(suffix, decay(x - suf_min[..., None], tau), 0.0), axis=-1)
     return tuple(_levels_first(a) for a in (pre_min, pre_mass, suf_min, suf_mass))
 
 
@@ -227,7 +227,7 @@ def _spread_level(share, minima, phi, group, tau, side):
     cut = lambda a: a.reshape(shape[:-1] + (shape[-1] // group, group))
     u = jnp.arange(group)
     pieces = u[None, :] > u[:, None] if _side(side) else u[None, :] <= u[:, None]  # [s or t, u]
-    weight = jnp.where(pieces, _decay(cut(phi)[..., None, :] - cut(minima)[..., :, None], tau),
+    weight = jnp.where(pieces, decay(cut(phi)[..., None, :] - cut(minima)[..., :, None], tau),
                        0.0)
     return (cut(share)[..., :, None] * weight).sum(-2).reshape(shape)  # a fused reduction
 
@@ -244,7 +244,7 @@ def spread_levels(share, minima, phi, block, tau, side):
     prefix, suffix = group_masks(block)
     mask = suffix if suffix_side else prefix                            # [L, s or t, u]
     x = _by_block(phi, block)                                           # [..., nb, 1, 1, n(u)]
-    weight = jnp.where(mask, _decay(x - _levels_by_block(minima, block), tau), 0.0)
+    weight = jnp.where(mask, decay(x - _levels_by_block(minima, block), tau), 0.0)
     total = jnp.sum(_levels_by_block(share, block) * weight, axis=(-3, -2))  # [..., nb, n]
     return total.reshape(phi.shape)
 
@@ -261,7 +261,7 @@ def spread_gap(gap_total, block_min, phi, block, tau):
     nb = block_min.shape[-1]
     gaps = gap_minima(block_min)  # [..., i, j]
     before = jnp.concatenate([jnp.full_like(gaps[..., :1], BIG), gaps[..., :-1]], axis=-1)
-    step = _decay(gaps - before, tau)  # [i, b]: F_b -> F_b+1 factor
+    step = decay(gaps - before, tau)  # [i, b]: F_b -> F_b+1 factor
 
     def combine(first, second):
         return first[0] * second[0], first[1] * second[0] + second[1]
@@ -270,10 +270,10 @@ def spread_gap(gap_total, block_min, phi, block, tau):
     totals_before = jnp.concatenate([jnp.zeros_like(running[..., :1]), running[..., :-1]], axis=-1)
     idx = jnp.arange(nb)
     inside = idx[:, None] > idx[None, :]  # [i, b]: b < i
-    weight = _decay(block_min[..., None, :] - before, tau)
+    weight = decay(block_min[..., None, :] - before, tau)
     totals = jnp.where(inside, totals_before * weight, 0.0).sum(-2)  # [..., b]
     x = phi.reshape(phi.shape[:-1] + (nb, block))
-    return (totals[..., None] * _decay(x - block_min[..., None], tau)).reshape(phi.shape)
+    return (totals[..., None] * decay(x - block_min[..., None], tau)).reshape(phi.shape)
 
 
 def field_gradient(shares, gap_total, phi, block, tau, stats):

@@ -100,7 +100,7 @@ def chunk_rows(g, beta, segment_ids, num_chunks, chunk):
     return rows, entering_decay.transpose(1, 0, 3, 2)
 
 
-def _decay(row):
+def _pair_decay(row):
     """Gamma [..., C, C] from the rows (a dict of [..., C] by the names in ROWS)."""
     same_document = row["document_i"][..., :, None] == row["document_j"][..., None, :]
     return pair_decay_matrix(row["gamma_i"], row["gamma_j"], same_document)
@@ -121,7 +121,7 @@ def prepare_reference(q, k, v, rows, *, scale, inverse=None):
 
     q, k, v = chunk_major(q, num_heads), chunk_major(k, num_heads), chunk_major(v, num_v_heads)
     row = dict(zip(ROWS, jnp.moveaxis(rows.transpose(2, 0, 1, 3, 4), 3, 0)))   # [N, B, HV, C]
-    decay = _decay(row)
+    decay = _pair_decay(row)
     key_gram = jnp.einsum("nbhik,nbhjk->nbhij", k, k)
     strictly_lower = jnp.tril(jnp.ones((chunk, chunk), dtype=bool), -1)
     a = jnp.where(strictly_lower, row["beta_i"][..., :, None] * key_gram * decay, 0.0)
@@ -208,7 +208,7 @@ def prepare_backward(q, k, v, rows, inverse, cotangents, *, scale):
                    .transpose(4, 3, 0, 1, 2, 5)))                  # [N, B, H, group, C] each
     d_w, d_u, d_kw, d_p = (grouped(c) for c in cotangents)
     d_kw, d_p = d_kw.astype(jnp.float32), d_p.astype(jnp.float32)
-    decay = _decay(row)
+    decay = _pair_decay(row)
     d_a, d_rhs_k, d_rhs_v = _through_solve(grouped(inverse), row, k_c, v_c, d_w, d_u, operand)
 
     # through A = strict_lower(diag(beta_i) G ⊙ Gamma) and P = scale S ⊙ Gamma
