@@ -26,6 +26,10 @@ attention.kind, G is gdn (`layer_kinds`). What the trainer knows of a kind, it a
                      context axis of that size (train/core/memory.py's module doc)
     export_names     flax leaf path below a layer's "mixer" -> (fla suffix below "attn.",
                      layout of to_torch in train/tools/export.py)
+    export           MixerExport (refusal, config, fpa_torch): the config.json of the model
+                     that export writes for a model whose attention layers are of this kind
+                     (for gdn: of Gated DeltaNet layers only); None: flash-linear-attention
+                     has no model with it
     decoding         MixerDecoding (check, prefill, step) for train/generate; None: no cache
     kv_width(config) values per token and row that a cache of its keys and values holds (its
                      decoding cache grows with the context; eviction and windows drop keys);
@@ -86,6 +90,23 @@ class MixerDecoding:
 
 
 @dataclasses.dataclass(frozen=True)
+class MixerExport:
+    """The model that train/tools/export.py writes for a model whose attention layers are of
+    this kind, the others Gated DeltaNet (for gdn: a model of Gated DeltaNet layers only).
+
+    refusal(config)        why that model cannot hold this config (export's ExportError
+                           message), or None
+    config(config, base)   its config.json: base (the entries of every model) and its own
+    fpa_torch              format "fpa-torch" holds its layers too (train/hf_fpa's PyTorch
+                           model runs them)
+    """
+
+    refusal: Callable[[Config], str | None]
+    config: Callable[[Config, dict[str, Any]], dict[str, Any]]
+    fpa_torch: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
 class MixerSpec:
     """What the trainer knows of one mixer kind (see the module doc)."""
 
@@ -101,6 +122,7 @@ class MixerSpec:
     flops: Callable[[Config], int]
     width: Callable[[Config, int], int]
     export_names: Mapping[tuple[str, ...], tuple[str, str]]
+    export: MixerExport | None
     decoding: MixerDecoding | None
     kv_width: Callable[[Config], int] | None
     transition: Callable[..., tuple[Any, Any, Any]] | None
@@ -254,7 +276,8 @@ def _no_check(_) -> None:
 def _attention(title: str, build: Callable[..., nn.Module], op_name: str | Callable,
                positions: tuple[str, ...], check: Callable[[Config], None] = _no_check, *,
                options: tuple[str, ...] = (), flops: Callable[[Config], int] = _attention_flops,
-               ring: bool = False, decodes: bool = False) -> MixerSpec:
+               ring: bool = False, decodes: bool = False,
+               export: MixerExport | None = None) -> MixerSpec:
     """The spec of an attention kind; op_name: a name, or (config, layer_index) -> name;
     check: its own checks, after attention.position's against `positions`."""
     check_position = _check_position(positions)
@@ -268,7 +291,7 @@ def _attention(title: str, build: Callable[..., nn.Module], op_name: str | Calla
         op_name=op_name if callable(op_name) else (lambda config, layer_index: op_name),
         options=options, positions=positions, check=check_all,
         check_context=_check_ring_attention if ring else None, flops_term="attention",
-        flops=flops, width=_attention_width, export_names=ATTENTION_NAMES,
+        flops=flops, width=_attention_width, export_names=ATTENTION_NAMES, export=export,
         decoding=SLOT_DECODING if decodes else None, kv_width=_attention_kv_width,
         transition=None)
 
@@ -363,6 +386,89 @@ def _gdn_step(mixer, params, x_t, cache, *, evict_below):
     return mixer.apply({"params": params}, x_t, cache, method="step")
 
 
+# ------------------------------------------------------------------------------ export
+
+def _fla_heads(config: Config, model_type: str) -> str | None:
+    """fla's attention derives head_dim = hidden_size // num_heads."""
+    a, d_model = config.attention, config.model.d_model
+    if a.num_heads * a.head_dim != d_model:
+        return (f"attention: fla's {model_type} derives head_dim = hidden_size // num_heads, so it "
+                f"needs num_heads * head_dim == d_model, got {a.num_heads} * {a.head_dim} != "
+                f"{d_model}")
+    return None
+
+
+def _fla_attention(config: Config) -> dict[str, Any]:
+    """The attention entries of fla's transformer and forgetting_transformer."""
+    a = config.attention
+    return {"num_heads": a.num_heads, "num_kv_heads": a.num_heads, "qkv_bias": False,
+            "qk_norm": False, "window_size": None, "elementwise_affine": True}
+
+
+def _fpa_export_config(config: Config, base: dict[str, Any]) -> dict[str, Any]:
+    """This project's own fpa_transformer, its Gated DeltaNet layers included."""
+    a = config.attention
+    kinds = layer_kinds(config)
+    fpa = {"layer_types": list(kinds), "num_heads": a.num_heads, "head_dim": a.head_dim,
+           "fpa": {"stack_form": a.stack_form, "key_level": a.key_level,
+                   "query_level": a.query_level, "content": a.content, "dip_sum": a.dip_sum,
+                   "tau": a.tau, "no_bias_layers": list(a.no_bias_layers)}}
+    gdn = {GDN: _gdn_export_entries(config)} if GDN in kinds else {}
+    return {"model_type": "fpa_transformer", **base, **fpa, **gdn}
+
+
+def _softmax_export_refusal(config: Config) -> str | None:
+    a = config.attention
+    if a.position != "rope":
+        return (f"attention.position={a.position!r}: fla's transformer always applies "
+                f"RoPE; only softmax attention with position='rope' maps onto it")
+    hybrid = GDN in config.layer_sections()
+    return _fla_heads(config, "gated_deltanet hybrid attention" if hybrid else "transformer")
+
+
+def _softmax_export_config(config: Config, base: dict[str, Any]) -> dict[str, Any]:
+    """fla's transformer, or its gated_deltanet with these attention layers in a hybrid."""
+    a = config.attention
+    sections = config.layer_sections()
+    if GDN in sections:
+        attention = {"layers": [i for i, section in enumerate(sections) if section == "attention"],
+                     "num_heads": a.num_heads, "num_kv_heads": a.num_heads, "qkv_bias": False,
+                     "window_size": None, "rope_theta": a.rope_base}
+        return _gdn_export_config(config, base, attention)
+    return {"model_type": "transformer", "architectures": ["TransformerForCausalLM"], **base,
+            **_fla_attention(config), "rope_theta": a.rope_base}
+
+
+def _fox_export_refusal(config: Config) -> str | None:
+    if GDN in config.layer_sections():
+        return (f"hybrid of Gated DeltaNet with attention.kind={config.attention.kind!r}: fla's "
+                f"hybrids use softmax attention with RoPE only")
+    return _fla_heads(config, "forgetting_transformer")
+
+
+def _fox_export_config(config: Config, base: dict[str, Any]) -> dict[str, Any]:
+    return {"model_type": "forgetting_transformer",
+            "architectures": ["ForgettingTransformerForCausalLM"], **base,
+            **_fla_attention(config), "use_output_gate": False}
+
+
+def _gdn_export_entries(config: Config) -> dict[str, Any]:
+    """The Gated DeltaNet entries of fla's gated_deltanet (and of fpa_transformer's "gdn")."""
+    g = config.gdn
+    value_dim = g.v_head_dim or g.head_dim
+    return {"attn_mode": "chunk", "num_heads": g.num_heads, "head_dim": g.head_dim,
+            "num_v_heads": g.num_v_heads or g.num_heads, "expand_v": value_dim / g.head_dim,
+            "conv_size": g.conv_size, "use_gate": True, "use_short_conv": True,
+            "allow_neg_eigval": False}
+
+
+def _gdn_export_config(config: Config, base: dict[str, Any],
+                       attention: dict[str, Any] | None = None) -> dict[str, Any]:
+    """fla's gated_deltanet; attention: its "attn" entry, the softmax layers of a hybrid."""
+    return {"model_type": "gated_deltanet", "architectures": ["GatedDeltaNetForCausalLM"],
+            **base, **_gdn_export_entries(config), "attn": attention}
+
+
 # ------------------------------------------------------------------------------ the table
 
 MIXERS: Mapping[str, MixerSpec] = MappingProxyType({
@@ -372,13 +478,16 @@ MIXERS: Mapping[str, MixerSpec] = MappingProxyType({
             use_bias=layer_index not in config.attention.no_bias_layers,
             dip_sum=config.attention.dip_sum),
         ("nope",), _check_fpa, flops=_fpa_flops, ring=True, decodes=True,
+        export=MixerExport(_no_check, _fpa_export_config, fpa_torch=True),
         options=("stack_form", "key_level", "query_level", "content", "dip_sum", "tau",
                  "no_bias_layers", "block_size")),
     "fox": _attention("FoX", _build_fox, "fox_attention", ("nope",), _check_block_size,
-                      ring=True, decodes=True, options=("block_size",)),
+                      ring=True, decodes=True, options=("block_size",),
+                      export=MixerExport(_fox_export_refusal, _fox_export_config)),
     "softmax": _attention("softmax", _build_softmax, "softmax_attention", SOFTMAX_POSITIONS,
                           _check_softmax, ring=True, decodes=True,
-                          options=("yarn_factor", "block_size")),
+                          options=("yarn_factor", "block_size"),
+                          export=MixerExport(_softmax_export_refusal, _softmax_export_config)),
     "selective": _attention("selective", _build_selective, "selective_attention",
                             SELECTIVE_POSITIONS),
     "dcp": _attention("DCP", _builder(layers.DCPAttention), "dcp_attention", ("nope",)),
@@ -387,6 +496,7 @@ MIXERS: Mapping[str, MixerSpec] = MappingProxyType({
         op_name=lambda config, layer_index: gdn_api.REGISTRY.op_name, options=(), positions=(),
         check=_check_gdn, check_context=_no_check, flops_term="recurrence", flops=_gdn_flops,
         width=_gdn_width, export_names=GDN_NAMES,
+        export=MixerExport(_no_check, _gdn_export_config),
         decoding=MixerDecoding(check=_no_check, prefill=_gdn_prefill, step=_gdn_step),
         kv_width=None, transition=gdn_transition_inputs),
 })

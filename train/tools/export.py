@@ -26,7 +26,9 @@ Mapping of one parameter (flax -> torch), by kind:
     heads_out  kernel [H, Dh, D]                -> weight [D, H*Dh]
     conv       depthwise kernel [W, C]          -> Conv1d weight [C, 1, W]     (tap order kept)
     same       embeddings [V, D], scales [D], per-head vectors [H]            (unchanged)
-A mixer's names are its kind's `MixerSpec.export_names` (train/core/mixers.py); the flax
+A mixer's names are its kind's `MixerSpec.export_names` (train/core/mixers.py), and the model
+type and config.json entries, and what they refuse, are the `MixerSpec.export` of the kind of
+the attention layers (of gdn without attention layers); the flax
 GatedDeltaNet's z_proj is fla's g_proj (the output gate). Every parameter must be mapped: an
 unknown or unmapped leaf raises, never a silent drop. `import_params` inverts the mapping
 exactly, so export -> import is bit-identical (for bfloat16: to the bf16-rounded params).
@@ -49,7 +51,7 @@ from flax import traverse_util
 
 from train.checkpoint.run_files import TOKENIZER_DIRNAME
 from train.core.config import Config
-from train.core.mixers import MIXERS, layer_kinds
+from train.core.mixers import GDN, MIXERS, MixerExport, layer_kinds
 from train.core.model import LanguageModel, resolve_vocab_size
 from train.core.presets import config_from_dict
 from train.core.runs import load_run, restore_run_state
@@ -158,14 +160,6 @@ def plan(config: Config, params: Any) -> list[Entry]:
 # ----------------------------------------------------------------------------------------------
 
 
-def _check_fla_attention(config: Config, model_type: str) -> None:
-    a, d_model = config.attention, config.model.d_model
-    if a.num_heads * a.head_dim != d_model:
-        raise ExportError(
-            f"attention: fla's {model_type} derives head_dim = hidden_size // num_heads, so it "
-            f"needs num_heads * head_dim == d_model, got {a.num_heads} * {a.head_dim} != {d_model}")
-
-
 def _common_config(config: Config, vocab_size: int) -> dict[str, Any]:
     m = config.model
     return {"hidden_size": m.d_model, "num_hidden_layers": m.num_layers,
@@ -176,69 +170,44 @@ def _common_config(config: Config, vocab_size: int) -> dict[str, Any]:
             "dtype": None}
 
 
-def _gdn_config(config: Config) -> dict[str, Any]:
-    g = config.gdn
-    value_dim = g.v_head_dim or g.head_dim
-    return {"attn_mode": "chunk", "num_heads": g.num_heads, "head_dim": g.head_dim,
-            "num_v_heads": g.num_v_heads or g.num_heads, "expand_v": value_dim / g.head_dim,
-            "conv_size": g.conv_size, "use_gate": True, "use_short_conv": True,
-            "allow_neg_eigval": False}
+def _export(kind: str) -> MixerExport | None:
+    """The kind's MixerExport; None for a kind without one (or without a spec)."""
+    spec = MIXERS.get(kind)
+    return spec.export if spec is not None else None
 
 
 def fla_config(config: Config, vocab_size: int) -> dict[str, Any]:
-    """config.json contents in fla's layout (or this project's fpa_transformer for FPA)."""
-    kinds = config.layer_sections()
-    a = config.attention
-    attention_layers = [i for i, kind in enumerate(kinds) if kind == "attention"]
+    """config.json contents in fla's layout (or this project's fpa_transformer for FPA): the
+    `MixerExport` of the kind of its attention layers, or of gdn where it has none."""
+    has_attention = "attention" in config.layer_sections()
+    kind = config.attention.kind if has_attention else GDN
     base = _common_config(config, vocab_size)
-    if attention_layers and a.kind == "fpa":
-        fpa = {"layer_types": ["gdn" if k == "gdn" else "fpa" for k in kinds],
-               "num_heads": a.num_heads, "head_dim": a.head_dim,
-               "fpa": {"stack_form": a.stack_form, "key_level": a.key_level,
-                       "query_level": a.query_level, "content": a.content, "dip_sum": a.dip_sum,
-                       "tau": a.tau, "no_bias_layers": list(a.no_bias_layers)}}
-        gdn = {"gdn": _gdn_config(config)} if "gdn" in kinds else {}
-        return {"model_type": "fpa_transformer", **base, **fpa, **gdn}
-    if attention_layers and a.kind not in ("fox", "softmax"):
-        raise ExportError(f"attention.kind={a.kind!r}: flash-linear-attention has no model with "
+    export = _export(kind)
+    if export is None:
+        raise ExportError(f"attention.kind={kind!r}: flash-linear-attention has no model with "
                           f"this attention; exportable: gdn, fox, softmax (rope), fpa")
-    if attention_layers and a.kind == "softmax" and a.position != "rope":
-        raise ExportError(f"attention.position={a.position!r}: fla's transformer always applies "
-                          f"RoPE; only softmax attention with position='rope' maps onto it")
-    if not attention_layers:
-        return {"model_type": "gated_deltanet", "architectures": ["GatedDeltaNetForCausalLM"],
-                **base, **_gdn_config(config), "attn": None}
-    if len(attention_layers) < len(kinds):
-        if a.kind != "softmax":
-            raise ExportError(f"hybrid of Gated DeltaNet with attention.kind={a.kind!r}: fla's "
-                              f"hybrids use softmax attention with RoPE only")
-        _check_fla_attention(config, "gated_deltanet hybrid attention")
-        spec = {"layers": attention_layers, "num_heads": a.num_heads, "num_kv_heads": a.num_heads,
-                "qkv_bias": False, "window_size": None, "rope_theta": a.rope_base}
-        return {"model_type": "gated_deltanet", "architectures": ["GatedDeltaNetForCausalLM"],
-                **base, **_gdn_config(config), "attn": spec}
-    attention = {"num_heads": a.num_heads, "num_kv_heads": a.num_heads, "qkv_bias": False,
-                 "qk_norm": False, "window_size": None, "elementwise_affine": True}
-    if a.kind == "fox":
-        _check_fla_attention(config, "forgetting_transformer")
-        return {"model_type": "forgetting_transformer",
-                "architectures": ["ForgettingTransformerForCausalLM"], **base, **attention,
-                "use_output_gate": False}
-    _check_fla_attention(config, "transformer")
-    return {"model_type": "transformer", "architectures": ["TransformerForCausalLM"], **base,
-            **attention, "rope_theta": a.rope_base}
+    refusal = export.refusal(config)
+    if refusal is not None:
+        raise ExportError(refusal)
+    return export.config(config, base)
 
 
 def fpa_torch_config(config: Config, vocab_size: int) -> dict[str, Any]:
     """config.json of the fpa-torch format: the FPA model's fla_config without `layer_types`,
     plus `architectures` and `auto_map` (transformers' remote code: train/hf_fpa/). Refuses
-    what the PyTorch file does not implement."""
-    if config.attention.kind != "fpa":
+    what the PyTorch file does not implement (kinds whose `MixerExport.fpa_torch` is False)."""
+    def runs(kind: str) -> bool:
+        export = _export(kind)
+        return export is not None and export.fpa_torch
+
+    if not runs(config.attention.kind):
         raise ExportError(f"attention.kind={config.attention.kind!r}: format 'fpa-torch' is for "
                           f"FPA models; use format 'fla'")
-    if "gdn" in config.layer_sections():
+    missing = [kind for kind in layer_kinds(config) if not runs(kind)]
+    if missing:
         raise ExportError(f"model.pattern={config.model.pattern!r}: format 'fpa-torch' has no "
-                          f"Gated DeltaNet layer in its PyTorch model; use format 'fla'")
+                          f"{MIXERS[missing[0]].title} layer in its PyTorch model; use format "
+                          f"'fla'")
     if config.model.moe_experts:
         raise ExportError(f"model.moe_experts={config.model.moe_experts}: format 'fpa-torch' has "
                           f"no mixture-of-experts FFN in its PyTorch model")

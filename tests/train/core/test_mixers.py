@@ -65,6 +65,13 @@ def test_decoding_exactly_where_a_cache_exists():
                                                                          "gdn"}
 
 
+def test_export_exactly_where_a_model_holds_the_kind():
+    """fla's models (or this project's fpa_transformer); format fpa-torch runs FPA only."""
+    exported = {kind: spec.export for kind, spec in MIXERS.items() if spec.export}
+    assert set(exported) == {"fpa", "fox", "softmax", "gdn"}
+    assert {kind for kind, spec in exported.items() if spec.fpa_torch} == {"fpa"}
+
+
 @pytest.mark.parametrize("kind,overrides,key", [
     ("fpa", ["attention.position=rope"], "attention.position"),
     ("softmax", ["attention.position=alibi", "attention.yarn_factor=2"], "attention.yarn_factor"),

@@ -11,6 +11,7 @@ from flax import traverse_util
 
 from benchmarks import verify_export_fla as verify
 from tests.seeds import case_seed
+from train.core.mixers import MIXERS
 from train.core.presets import load_config
 from train.tools import export
 from train.tools.export_layout import expected_layout
@@ -170,6 +171,14 @@ def test_bf16_export_rounds_once_and_reimports_exactly(tmp_path):
 def test_models_fla_cannot_hold_are_refused(overrides, message):
     with pytest.raises(export.ExportError, match=message):
         export.fla_config(load_config(None, BASE + overrides), VOCAB)
+
+
+def test_the_refusal_of_a_kind_names_the_kinds_the_mixer_table_exports():
+    with pytest.raises(export.ExportError, match="exportable: ") as error:
+        export.fla_config(load_config(None, BASE + ["attention.kind=dcp"]), VOCAB)
+    named = str(error.value).split("exportable: ")[1].split(", ")
+    assert {name.split(" ")[0] for name in named} == {
+        kind for kind, spec in MIXERS.items() if spec.export is not None}
 
 
 def test_unknown_parameters_and_dtypes_are_refused(tmp_path):
