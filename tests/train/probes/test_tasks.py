@@ -1,4 +1,4 @@
-"""Probe generators vs brute-force solvers, Fisher's exact test, and the vmapped runner."""
+"""Probe generators vs brute-force solvers, and the vmapped runner."""
 
 import csv
 import itertools
@@ -10,7 +10,6 @@ import pytest
 
 from train.probes import tasks
 from train.probes.runner import ProbeConfig, run_probe, seed_data, train_seeds
-from train.probes.stats import fisher_greater, sign_test_greater
 from train.probes.tasks import PAD, TASKS, ladder_layout, resolve_sizes, two_walks_layout
 from tests.seeds import case_seed
 
@@ -356,46 +355,6 @@ def test_generators_reject_bad_sizes():
         tasks.ladder_dips(np.random.default_rng(0), [True, False])
     with pytest.raises(ValueError, match="num_pairs"):
         tasks.mqar(0, 4, num_pairs=9, num_keys=4)
-
-
-# ------------------------------------------------------------------------------ Fisher
-
-
-def test_fisher_matches_known_values_and_scipy():
-    # Fisher's tea-tasting table [[3, 1], [1, 3]]: one-sided p = 17/70.
-    assert fisher_greater(3, 4, 1, 4) == pytest.approx(17 / 70, rel=1e-12)
-    # 13/15 vs 0/15: only the observed table is as extreme: C(15,13) C(15,0) / C(30,13).
-    assert fisher_greater(13, 15, 0, 15) == pytest.approx(105 / 119759850, rel=1e-12)
-    assert fisher_greater(0, 15, 15, 15) == pytest.approx(1.0)
-    stats = pytest.importorskip("scipy.stats")
-    rng = np.random.default_rng(3)
-    for _ in range(20):
-        n_a, n_b = rng.integers(1, 20, size=2)
-        a, b = rng.integers(0, n_a + 1), rng.integers(0, n_b + 1)
-        expected = stats.fisher_exact([[a, n_a - a], [b, n_b - b]], alternative="greater")[1]
-        assert fisher_greater(int(a), int(n_a), int(b), int(n_b)) == pytest.approx(expected, rel=1e-9)
-    with pytest.raises(ValueError, match="a must be"):
-        fisher_greater(5, 4, 0, 4)
-
-
-def test_sign_test_paired_by_seed_matches_known_values_and_scipy():
-    # all 11 discordant seeds favour A: p = 2^-11 (the paper's form); ties carry no weight
-    a = [True] * 11 + [True, False] * 2
-    b = [False] * 11 + [True, False] * 2
-    assert sign_test_greater(a, b) == pytest.approx(2.0 ** -11, rel=1e-12)
-    # 3 of 4 discordant seeds favour A: (C(4, 3) + C(4, 4)) / 16
-    assert sign_test_greater([1, 1, 1, 0, 1], [0, 0, 0, 1, 1]) == pytest.approx(5 / 16)
-    assert sign_test_greater([True, False], [True, False]) == 1.0       # no discordant seed
-    assert sign_test_greater([False] * 3, [True] * 3) == 1.0
-    stats = pytest.importorskip("scipy.stats")
-    rng = np.random.default_rng(4)
-    for _ in range(20):
-        a, b = rng.random(15) < rng.random(), rng.random(15) < rng.random()
-        k, n = int(np.sum(a & ~b)), int(np.sum(a != b))
-        expected = stats.binomtest(k, n, 0.5, alternative="greater").pvalue if n else 1.0
-        assert sign_test_greater(list(a), list(b)) == pytest.approx(expected, rel=1e-9)
-    with pytest.raises(ValueError, match="pair seeds"):
-        sign_test_greater([True], [True, False])
 
 
 # ------------------------------------------------------------------------------ runner
