@@ -8,6 +8,7 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
+from scipy import stats      # a dependency of jax, so always installed
 
 from tests.seeds import case_seed
 from train.probes.stats import fisher_greater, sign_test_greater
@@ -31,6 +32,16 @@ def sign_test_by_enumeration(a_success, b_success):
     return Fraction(sum(sum(outcome) >= k for outcome in outcomes), len(outcomes))
 
 
+def scipy_fisher(a, n_a, b, n_b):
+    return stats.fisher_exact([[a, n_a - a], [b, n_b - b]], alternative="greater")[1]
+
+
+def scipy_sign_test(a_success, b_success):
+    a, b = np.asarray(a_success, bool), np.asarray(b_success, bool)
+    k, n = int(np.sum(a & ~b)), int(np.sum(a != b))
+    return stats.binomtest(k, n, 0.5, alternative="greater").pvalue if n else 1.0
+
+
 # ------------------------------------------------------------------------------ Fisher
 
 
@@ -40,12 +51,11 @@ def test_fisher_matches_known_values_and_scipy():
     # 13/15 vs 0/15: only the observed table is as extreme: C(15,13) C(15,0) / C(30,13).
     assert fisher_greater(13, 15, 0, 15) == pytest.approx(105 / 119759850, rel=1e-12)
     assert fisher_greater(0, 15, 15, 15) == pytest.approx(1.0)
-    stats = pytest.importorskip("scipy.stats")
     rng = np.random.default_rng(3)
     for _ in range(20):
         n_a, n_b = rng.integers(1, 20, size=2)
         a, b = rng.integers(0, n_a + 1), rng.integers(0, n_b + 1)
-        expected = stats.fisher_exact([[a, n_a - a], [b, n_b - b]], alternative="greater")[1]
+        expected = scipy_fisher(a, n_a, b, n_b)
         assert fisher_greater(int(a), int(n_a), int(b), int(n_b)) == pytest.approx(expected, rel=1e-9)
     with pytest.raises(ValueError, match="a must be"):
         fisher_greater(5, 4, 0, 4)
@@ -60,12 +70,10 @@ def test_sign_test_paired_by_seed_matches_known_values_and_scipy():
     assert sign_test_greater([1, 1, 1, 0, 1], [0, 0, 0, 1, 1]) == pytest.approx(5 / 16)
     assert sign_test_greater([True, False], [True, False]) == 1.0       # no discordant seed
     assert sign_test_greater([False] * 3, [True] * 3) == 1.0
-    stats = pytest.importorskip("scipy.stats")
     rng = np.random.default_rng(4)
     for _ in range(20):
         a, b = rng.random(15) < rng.random(), rng.random(15) < rng.random()
-        k, n = int(np.sum(a & ~b)), int(np.sum(a != b))
-        expected = stats.binomtest(k, n, 0.5, alternative="greater").pvalue if n else 1.0
+        expected = scipy_sign_test(a, b)
         assert sign_test_greater(list(a), list(b)) == pytest.approx(expected, rel=1e-9)
     with pytest.raises(ValueError, match="pair seeds"):
         sign_test_greater([True], [True, False])
@@ -81,19 +89,12 @@ def test_fisher_equals_enumeration_of_every_small_table():
 
 def test_fisher_on_random_larger_tables_matches_enumeration_and_scipy():
     rng = np.random.default_rng(case_seed(5200))
-    stats = None
-    try:
-        from scipy import stats
-    except ImportError:
-        pass
     for _ in range(12):
         n_a, n_b = (int(n) for n in rng.integers(1, 9, size=2))
         a, b = int(rng.integers(0, n_a + 1)), int(rng.integers(0, n_b + 1))
         p = fisher_greater(a, n_a, b, n_b)
         assert p == pytest.approx(float(fisher_by_enumeration(a, n_a, b, n_b)), rel=1e-12)
-        if stats is not None:
-            expected = stats.fisher_exact([[a, n_a - a], [b, n_b - b]], alternative="greater")[1]
-            assert p == pytest.approx(expected, rel=1e-9)
+        assert p == pytest.approx(scipy_fisher(a, n_a, b, n_b), rel=1e-9)
 
 
 def test_fisher_edges():
@@ -152,20 +153,12 @@ def test_sign_test_equals_enumeration_of_every_short_pairing():
 
 def test_sign_test_on_random_pairings_matches_enumeration_and_scipy():
     rng = np.random.default_rng(case_seed(5202))
-    stats = None
-    try:
-        from scipy import stats
-    except ImportError:
-        pass
     for _ in range(12):
         seeds = int(rng.integers(1, 14))
         a, b = rng.random(seeds) < rng.random(), rng.random(seeds) < rng.random()
         p = sign_test_greater(a, b)      # numpy booleans, as the runner's arrays give
         assert p == pytest.approx(float(sign_test_by_enumeration(a, b)), rel=1e-12)
-        if stats is not None:
-            k, n = int(np.sum(a & ~b)), int(np.sum(a != b))
-            expected = stats.binomtest(k, n, 0.5, alternative="greater").pvalue if n else 1.0
-            assert p == pytest.approx(expected, rel=1e-9)
+        assert p == pytest.approx(scipy_sign_test(a, b), rel=1e-9)
 
 
 def test_sign_test_edges():
