@@ -114,7 +114,7 @@ def main():
     with open(os.path.join(args.out, "attention_fpa_profile.json"), "w") as f:
         json.dump(rows, f, indent=1, default=str)
     keys = ("forward", "prepare", "dkv", "dq", "finish", "fwd+bwd")
-    print(f"\nop   prune  " + "  ".join(f"{k:>8s}" for k in keys) + "   (ms)")
+    print("\nop   prune  " + "  ".join(f"{k:>8s}" for k in keys) + "   (ms)")
     for r in rows:
         print(f"{r['op']:4s} {str(r['prune']):5s}  "
               + "  ".join(f"{r.get(k, float('nan')):8.3f}" for k in keys)

@@ -152,7 +152,7 @@ def test_default_falls_through_to_the_next_entry_that_supports_the_inputs(op_nam
     jax.eval_shape(lambda a: CALLS[op_name](a), _inputs(5, dim=4))
     assert [name for name, _ in calls] == ["pallas", "xla"]  # "cudnn" is not in the copy
     with pytest.raises(UnsupportedImplementationError,
-                       match=f"cannot run 'pallas' here: needs head_dim 8, got 4"):
+                       match="cannot run 'pallas' here: needs head_dim 8, got 4"):
         CALLS[op_name](_inputs(6, dim=4), implementation="pallas")
 
 

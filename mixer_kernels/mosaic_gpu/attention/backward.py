@@ -33,7 +33,7 @@ import jax.numpy as jnp
 from mixer_kernels.mosaic_gpu.attention import fields, fields_kernels
 from mixer_kernels.mosaic_gpu.attention.bias import FPABias, NoBias, SeparableBias
 from mixer_kernels.mosaic_gpu.attention.common import (BIG, BLOCK, LOG2E, SUPPORTED_HEAD_DIMS,
-                                                        dead_key_bounds, decay)
+                                                        dead_key_bounds, decay, pack_rows)
 from mixer_kernels.mosaic_gpu.attention.backward_diagonal_kernel import diagonal_shares_kernel
 from mixer_kernels.mosaic_gpu.attention.backward_kernels import (KernelConfig, dkv_kernel, dq_kernel,
                                                            pack_layout)
@@ -41,13 +41,6 @@ from mixer_kernels.mosaic_gpu.attention.forward import heads_major, pruning_marg
 from mixer_kernels.mosaic_gpu.common import document_start_index
 from mixer_core.interpret import interpret_active
 from mixer_core.padding import pad_time, padded_length
-
-
-def _pack(rows, n):
-    """list of [B, H, Tp] -> [B, H, nb, len(rows), n]."""
-    stacked = jnp.stack(rows, axis=2)  # [B, H, R, Tp]
-    b, h, r, tp = stacked.shape
-    return jnp.moveaxis(stacked.reshape(b, h, r, tp // n, n), 3, 2)
 
 
 def _pack_named(vectors, names, n):
@@ -61,7 +54,7 @@ def _pack_named(vectors, names, n):
         scalars = jnp.stack(firsts, axis=-1)                    # [B, H, nb, S]
         scalars = jnp.pad(scalars, [(0, 0)] * 3 + [(0, n - len(scalar_names))])
         rows.append(scalars.reshape(b, h, tp))
-    return _pack(rows, n)
+    return pack_rows(rows, n)
 
 
 def _unpack(packed, index):

@@ -20,7 +20,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from mixer_kernels.mosaic_gpu.attention.backward_kernels import KernelConfig, Tile, Vectors, packed_rows
-from mixer_kernels.mosaic_gpu.attention.common import COMPILER_PARAMS
+from mixer_kernels.mosaic_gpu.attention.common import launch_sizes, per_block
 from mixer_kernels.mosaic_gpu.common import matmul, swizzled_smem
 
 
@@ -31,9 +31,7 @@ def diagonal_shares_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, c
     next block's loads in flight (0.18 against 0.22 ms at (4, 4096, 12, 64), 0.25 against
     0.35 ms at (8, 2048, 16, 128)): the double buffers halved the programs per SM, and the
     kernel is bound by its elementwise work, not by its loads."""
-    batch, tp, heads, head_dim = q.shape
-    n = cfg.block
-    nb = tp // n
+    batch, heads, head_dim, n, nb = launch_sizes(cfg, q)
     levels = cfg.diag_levels
     row_names, col_names = cfg.row_names(), cfg.col_names()
 
@@ -86,9 +84,6 @@ def diagonal_shares_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, c
         plgpu.SMEM((2 * levels, n), jnp.float32),
         plgpu.Barrier(num_barriers=9),
     ]
-    body.__name__ = "attention_diagonal_shares_fpa"  # the kernel's name in profiles
     out_type = jax.ShapeDtypeStruct((batch, heads, nb, 2 * levels, n), jnp.float32)
-    return plgpu.kernel(
-        body, out_type=out_type, scratch_types=scratch, compiler_params=COMPILER_PARAMS,
-        grid=(heads, nb, batch), grid_names=("h", "blk", "b"),
-    )(q, k, v, dout, rowp, colp, rowd, cold, beta)
+    return per_block(body, "attention_diagonal_shares_fpa", out_type, scratch,
+                     (batch, heads, nb), "blk")(q, k, v, dout, rowp, colp, rowd, cold, beta)

@@ -58,7 +58,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from mixer_kernels.mosaic_gpu.attention.common import (
-    BIG, BLOCK, COMPILER_PARAMS, LOG2E, no_dead_floor, reciprocal)
+    BIG, BLOCK, LOG2E, launch_sizes, no_dead_floor, per_block, reciprocal)
 from mixer_kernels.mosaic_gpu.attention.common import decay
 from mixer_kernels.mosaic_gpu.common import matmul, swizzled_smem
 
@@ -773,9 +773,7 @@ def _tile_sums(cfg, tile, p, ds, extra, field, col_acc, row_acc):
 
 def dkv_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
     """One program per (head, key block, batch): dk, dv [B, Tp, H, D], column pack, gap totals."""
-    batch, tp, heads, head_dim = q.shape
-    n = cfg.block
-    nb = tp // n
+    batch, heads, head_dim, n, nb = launch_sizes(cfg, q)
     fpa = cfg.mode == "fpa"
     row_names, col_names = cfg.row_names(), cfg.col_names()
     out_names = cfg.col_out_names()
@@ -879,18 +877,13 @@ def dkv_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
         plgpu.SMEM((chunks, n), jnp.float32) if fpa else None,
         plgpu.Barrier(num_barriers=12),
     ]
-    body.__name__ = f"attention_dkv_{cfg.mode}"  # the kernel's name in profiles
-    return plgpu.kernel(
-        body, out_type=tuple(out_types), scratch_types=scratch, compiler_params=COMPILER_PARAMS,
-        grid=(heads, nb, batch), grid_names=("h", "kb", "b"),
-    )(q, k, v, dout, rowp, colp, rowd, cold, beta)
+    return per_block(body, f"attention_dkv_{cfg.mode}", tuple(out_types), scratch,
+                     (batch, heads, nb), "kb")(q, k, v, dout, rowp, colp, rowd, cold, beta)
 
 
 def dq_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
     """One program per (head, query block, batch): dq [B, Tp, H, D] and the row pack."""
-    batch, tp, heads, head_dim = q.shape
-    n = cfg.block
-    nb = tp // n
+    batch, heads, head_dim, n, nb = launch_sizes(cfg, q)
     fpa = cfg.mode == "fpa"
     row_names, col_names = cfg.row_names(), cfg.col_names()
     out_names = cfg.row_out_names()
@@ -981,8 +974,5 @@ def dq_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
         plgpu.SMEM((max(len(out_names), 1), n), jnp.float32),
         plgpu.Barrier(num_barriers=12),
     ]
-    body.__name__ = f"attention_dq_{cfg.mode}"  # the kernel's name in profiles
-    return plgpu.kernel(
-        body, out_type=tuple(out_types), scratch_types=scratch, compiler_params=COMPILER_PARAMS,
-        grid=(heads, nb, batch), grid_names=("h", "qb", "b"),
-    )(q, k, v, dout, rowp, colp, rowd, cold, beta)
+    return per_block(body, f"attention_dq_{cfg.mode}", tuple(out_types), scratch,
+                     (batch, heads, nb), "qb")(q, k, v, dout, rowp, colp, rowd, cold, beta)

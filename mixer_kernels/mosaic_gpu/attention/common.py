@@ -13,6 +13,13 @@
                          (the "warpgroup" default) is skipped. On the H200 lane lowered the
                          FPA train step 5 s faster and ran the FPA backward 5-12% faster
                          (docs/benchmarks.md, "Lowering semantics").
+    pack_rows(rows, n)   [B, H, Tp] vectors -> [B, H, nb, R, n], each block's rows together
+                         (the packs the kernels copy to shared memory one block at a time)
+    launch_sizes(cfg, q)  (batch, heads, head_dim, n, nb) of a kernel over q [B, Tp, H, D] in
+                         blocks of n = cfg.block (nb = Tp / n)
+    per_block(body, name, out_type, scratch, grid_shape, block_axis)   plgpu.kernel with one
+                         program per (head "h", block `block_axis`, batch "b") of
+                         grid_shape = (B, H, nb), named `name` in profiles
     dead_key_bounds, no_dead_floor   the bound under which an off-diagonal FPA tile (level
                          psi_s) has no dead pair: R_ts - psi_s >= min(A_s - psi_s, G - psi_s,
                          C_t - psi_s) >= min(kap_j, min(G, clo_i) - kpmax_j)
@@ -31,6 +38,29 @@ LOG2E = math.log2(math.e)  # the tiles' base 2: exp2 needs no multiply
 SUPPORTED_HEAD_DIMS = (64, 128)
 COMPILER_PARAMS = plgpu.CompilerParams(approx_math=True,
                                       lowering_semantics=plgpu.LoweringSemantics.Lane)
+
+
+def pack_rows(rows, n):
+    """list of R vectors [B, H, Tp] (Tp a multiple of n) -> [B, H, nb, R, n]."""
+    stacked = jnp.stack(rows, axis=2)  # [B, H, R, Tp]
+    b, h, r, tp = stacked.shape
+    return jnp.moveaxis(stacked.reshape(b, h, r, tp // n, n), 3, 2)
+
+
+def launch_sizes(cfg, q):
+    batch, tp, heads, head_dim = q.shape
+    return batch, heads, head_dim, cfg.block, tp // cfg.block
+
+
+def per_block(body, name, out_type, scratch, grid_shape, block_axis):
+    """`body` launched with one program per (head "h", block `block_axis`, batch "b") of
+    grid_shape = (B, H, nb), named `name` in profiles; returns the launch (call it on the
+    operands)."""
+    batch, heads, nb = grid_shape
+    body.__name__ = name
+    return plgpu.kernel(body, out_type=out_type, scratch_types=scratch,
+                        compiler_params=COMPILER_PARAMS, grid=(heads, nb, batch),
+                        grid_names=("h", block_axis, "b"))
 
 
 def reciprocal(x):

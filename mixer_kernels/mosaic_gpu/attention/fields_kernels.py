@@ -29,10 +29,9 @@ Packs ([B, H, nb, rows, n] float32, one TMA per block):
 import jax
 import jax.numpy as jnp
 from jax import lax
-from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from mixer_kernels.mosaic_gpu.attention.common import BIG, COMPILER_PARAMS, decay
+from mixer_kernels.mosaic_gpu.attention.common import BIG, decay, per_block
 
 KINDS = ("pre_min", "pre_mass", "suf_min", "suf_mass")   # level_stats' order (fields.py)
 
@@ -102,11 +101,8 @@ def _constant(value, n, axis):
 
 
 def _call(body, name, out_shape, scratch, grid_shape, *args):
-    batch, heads, nb = grid_shape
-    body.__name__ = name  # the kernel's name in profiles
-    return plgpu.kernel(body, out_type=jax.ShapeDtypeStruct(out_shape, jnp.float32),
-                        scratch_types=scratch, compiler_params=COMPILER_PARAMS,
-                        grid=(heads, nb, batch), grid_names=("h", "blk", "b"))(*args)
+    return per_block(body, name, jax.ShapeDtypeStruct(out_shape, jnp.float32), scratch,
+                     grid_shape, "blk")(*args)
 
 
 def level_stats_pack(phi, block, tau, masses=True):

@@ -36,7 +36,8 @@ from typing import Optional
 import jax.numpy as jnp
 
 from mixer_kernels.mosaic_gpu.attention.bias import FPABias, NoBias, SeparableBias
-from mixer_kernels.mosaic_gpu.attention.common import BIG, BLOCK, SUPPORTED_HEAD_DIMS, dead_key_bounds
+from mixer_kernels.mosaic_gpu.attention.common import (BIG, BLOCK, SUPPORTED_HEAD_DIMS,
+                                                        dead_key_bounds, pack_rows)
 from mixer_kernels.mosaic_gpu.attention.fields import at_block_ends, statistics
 from mixer_core.interpret import interpret_active
 from mixer_core.padding import pad_time, padded_length
@@ -68,9 +69,7 @@ def _per_block(scalar, n):
 
 def _pack(vectors, names, n):
     """{name: [B, H, Tp]} -> [B, H, nb, len(names), n] float32."""
-    stacked = jnp.stack([vectors[name] for name in names], axis=2)  # [B, H, R, Tp]
-    b, h, r, tp = stacked.shape
-    return jnp.moveaxis(stacked.reshape(b, h, r, tp // n, n), 3, 2)
+    return pack_rows([vectors[name] for name in names], n)
 
 
 def _masked_block(x, real, n, reduce, fill):

@@ -50,8 +50,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from mixer_kernels.mosaic_gpu.attention.common import (BIG, BLOCK, COMPILER_PARAMS, LOG2E,
-                                                       no_dead_floor)
+from mixer_kernels.mosaic_gpu.attention.common import (BIG, BLOCK, LOG2E, launch_sizes,
+                                                       no_dead_floor, per_block)
 from mixer_kernels.mosaic_gpu.common import matmul, swizzled_smem
 
 LN2 = math.log(2.0)
@@ -143,16 +143,14 @@ def forward_kernel(cfg: ForwardConfig, q, k, v, rowp, colp):
     """q, k, v [B, Tp, H, D]; packs as in the module docstring -> out [B, Tp, H, D],
     lse [B, H, Tp] float32 (then pruned-tile counts [B, H, nb, n] float32 if count_pruned, and
     out in float32 [B, Tp, H, D] if float32_out)."""
-    batch, tp, heads, head_dim = q.shape
-    n = cfg.block
-    nb = tp // n
+    batch, heads, head_dim, n, nb = launch_sizes(cfg, q)
     fpa = cfg.mode == "fpa"
     row_names, col_names = cfg.row_names(), cfg.col_names()
     shape = (n, n)
     ncols = max(len(col_names), 1)
 
     out_types = [jax.ShapeDtypeStruct(q.shape, q.dtype),
-                 jax.ShapeDtypeStruct((batch, heads, tp), jnp.float32)]
+                 jax.ShapeDtypeStruct((batch, heads, nb * n), jnp.float32)]
     if cfg.count_pruned:
         out_types.append(jax.ShapeDtypeStruct((batch, heads, nb, n), jnp.float32))
     if cfg.float32_out:
@@ -382,8 +380,5 @@ def forward_kernel(cfg: ForwardConfig, q, k, v, rowp, colp):
         epilogue_scratch["out32_s"] = swizzled_smem((n, head_dim), jnp.float32)
     if cfg.count_pruned:
         epilogue_scratch["count_s"] = plgpu.SMEM((n,), jnp.float32)
-    body.__name__ = f"attention_forward_{cfg.mode}"  # the kernel's name in profiles
-    return plgpu.kernel(
-        body, out_type=tuple(out_types), scratch_types=scratch, compiler_params=COMPILER_PARAMS,
-        grid=(heads, nb, batch), grid_names=("h", "qb", "b"),
-    )(q, k, v, rowp, colp)
+    return per_block(body, f"attention_forward_{cfg.mode}", tuple(out_types), scratch,
+                     (batch, heads, nb), "qb")(q, k, v, rowp, colp)

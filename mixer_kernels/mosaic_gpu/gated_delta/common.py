@@ -4,6 +4,9 @@ mixer_kernels/mosaic_gpu/common.py).
     CHUNK                the chunk length C of the WY form (the op's chunk_size must equal it)
     SMEM_BYTES           an H200 block's shared memory (227 KiB)
     SUPPORTED_HEAD_DIMS  key / value head dims the kernels are built for
+    head_sizes(qk_shape, num_v_heads, value_dim)   (batch, num_heads, key_dim, num_v_heads,
+                         value_dim, group) of q / k [B, Tp, H, K] read by HV value heads of
+                         dim V, group = HV // H query/key heads sharing each q / k head
     check_smem(kernel, need, key_dim, value_dim)   a clear error when a block needs more
                          shared memory than SMEM_BYTES
     per_chunk(kernel, name, out_type, scratch, grid_shape, interpret)   plgpu.kernel with one
@@ -15,6 +18,11 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 CHUNK = 64
 SMEM_BYTES = 232448
 SUPPORTED_HEAD_DIMS = (64, 128, 256)
+
+
+def head_sizes(qk_shape, num_v_heads, value_dim):
+    batch, _, num_heads, key_dim = qk_shape
+    return batch, num_heads, key_dim, num_v_heads, value_dim, num_v_heads // num_heads
 
 
 def check_smem(kernel: str, need: int, key_dim: int, value_dim: int) -> None:

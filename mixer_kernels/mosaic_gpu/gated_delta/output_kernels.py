@@ -37,7 +37,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from mixer_kernels.mosaic_gpu.gated_delta.common import CHUNK, SMEM_BYTES, check_smem, per_chunk
+from mixer_kernels.mosaic_gpu.gated_delta.common import (CHUNK, SMEM_BYTES, check_smem, head_sizes,
+                                                           per_chunk)
 from mixer_kernels.mosaic_gpu.common import matmul, swizzled_smem
 
 
@@ -67,15 +68,14 @@ def _column(vector_s, size):
 
 
 def _shapes(q, states):
-    batch, _, num_heads, key_dim = q.shape
+    """(num_chunks, batch, num_heads, key_dim, num_v_heads, value_dim, group)."""
     num_chunks, _, num_v_heads, _, value_dim = states.shape
-    return batch, num_heads, key_dim, num_chunks, num_v_heads, value_dim
+    return (num_chunks, *head_sizes(q.shape, num_v_heads, value_dim))
 
 
 def forward(q, states, w, u, p, e, *, scale, interpret=None):
     """O [B, Tp, HV, V] float32; see the module docstring."""
-    batch, num_heads, key_dim, num_chunks, num_v_heads, value_dim = _shapes(q, states)
-    group = num_v_heads // num_heads
+    num_chunks, batch, num_heads, key_dim, num_v_heads, value_dim, group = _shapes(q, states)
     op_dtype, c = q.dtype, CHUNK
     check_smem("chunk output kernel", smem_bytes(key_dim, value_dim, jnp.bfloat16, False),
                key_dim, value_dim)
@@ -114,8 +114,7 @@ def forward(q, states, w, u, p, e, *, scale, interpret=None):
 
 def backward(q, states, w, u, p, e, d_out, *, scale, interpret=None):
     """(dq [B, Tp, HV, K] float32, dS, dW, dU, dP, de); see the module docstring."""
-    batch, num_heads, key_dim, num_chunks, num_v_heads, value_dim = _shapes(q, states)
-    group = num_v_heads // num_heads
+    num_chunks, batch, num_heads, key_dim, num_v_heads, value_dim, group = _shapes(q, states)
     op_dtype, c = q.dtype, CHUNK
     check_smem("chunk output backward kernel",
                smem_bytes(key_dim, value_dim, jnp.bfloat16, True), key_dim, value_dim)

@@ -45,7 +45,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from mixer_kernels.mosaic_gpu.gated_delta import wy, wy_kernel
-from mixer_kernels.mosaic_gpu.gated_delta.common import CHUNK, SMEM_BYTES, check_smem, per_chunk
+from mixer_kernels.mosaic_gpu.gated_delta.common import (CHUNK, SMEM_BYTES, check_smem, head_sizes,
+                                                           per_chunk)
 from mixer_kernels.mosaic_gpu.common import matmul, swizzled_smem
 
 
@@ -67,10 +68,8 @@ def fits(key_dim, value_dim) -> bool:
 
 def backward(q, k, v, rows, cotangents, *, scale, interpret=None):
     """(dq, dk, dv, drows) as `wy.prepare_backward` returns them; see the module docstring."""
-    batch, padded_len, num_heads, key_dim = k.shape
-    num_v_heads, value_dim = v.shape[2], v.shape[3]
+    batch, num_heads, key_dim, num_v_heads, value_dim, group = head_sizes(k.shape, *v.shape[2:])
     num_chunks = rows.shape[2]
-    group = num_v_heads // num_heads
     op_dtype = k.dtype
     c = CHUNK
     shape = (c, c)
@@ -148,7 +147,7 @@ def backward(q, k, v, rows, cotangents, *, scale, interpret=None):
         plgpu.copy_smem_to_gmem(drows_s, drows_ref.at[b, head, chunk])
         plgpu.wait_smem_to_gmem(0)
 
-    partial = jax.ShapeDtypeStruct((batch, padded_len, num_v_heads, key_dim), jnp.float32)
+    partial = jax.ShapeDtypeStruct((batch, k.shape[1], num_v_heads, key_dim), jnp.float32)
     out_type = (partial, partial, jax.ShapeDtypeStruct(v.shape, v.dtype),
                 jax.ShapeDtypeStruct(rows.shape, jnp.float32))
     row_tile = plgpu.SMEM((len(wy.ROWS), c), jnp.float32)

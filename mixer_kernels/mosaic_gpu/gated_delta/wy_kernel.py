@@ -35,7 +35,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from mixer_kernels.mosaic_gpu.gated_delta import wy
-from mixer_kernels.mosaic_gpu.gated_delta.common import CHUNK, check_smem, per_chunk
+from mixer_kernels.mosaic_gpu.gated_delta.common import CHUNK, check_smem, head_sizes, per_chunk
 from mixer_kernels.mosaic_gpu.common import matmul, swizzled_smem
 
 
@@ -89,10 +89,8 @@ def chunk_tiles(rows_s, c):
 
 def prepare(q, k, v, rows, *, scale, with_inverse=False, interpret=None):
     """(W, U, Kw, P[, T]) chunk-major; see the module docstring."""
-    batch, _, num_heads, key_dim = k.shape
-    num_v_heads, value_dim = v.shape[2], v.shape[3]
+    batch, num_heads, key_dim, num_v_heads, value_dim, group = head_sizes(k.shape, *v.shape[2:])
     num_chunks = rows.shape[2]
-    group = num_v_heads // num_heads
     op_dtype = k.dtype
     c = CHUNK
     shape = (c, c)
