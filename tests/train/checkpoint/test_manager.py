@@ -1,7 +1,6 @@
 """Orbax checkpoints (train/checkpoint/manager.py): round trips, retention, corruption,
 kills, resharding."""
 
-import gc
 import json
 import logging
 import os
@@ -21,6 +20,7 @@ import pytest
 
 from tests.devices import xla_flags
 from tests.train.checkpoint.list_iterator import ListIterator
+from tests.train.checkpoint.restore_helpers import _abstract, _array_data_files
 from train.checkpoint.manager import (QUARANTINE_DIRNAME, TMP_MARKER, Checkpointer,
                                       NoReadableCheckpointError, UnreadableCheckpointError)
 
@@ -41,11 +41,6 @@ def _train_state(seed):
                              opt_state)
     return {"params": params, "opt_state": opt_state, "step": jnp.int32(seed + 17),
             "rng": jax.random.key(seed + 1), "legacy_rng": jax.random.PRNGKey(seed + 2)}
-
-
-def _abstract(state):
-    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
-                        state)
 
 
 def _bits(x):
@@ -192,13 +187,6 @@ def test_all_steps_unreadable_raises(tmp_path):
         assert checkpointer.restore_latest(_abstract(state)) is None
 
 
-def _array_data_files(step_dir):
-    """The files holding a step's array bytes (OCDBT data files, under state/**/d/)."""
-    files = [p for p in (step_dir / "state").rglob("*") if p.is_file() and p.parent.name == "d"]
-    assert files
-    return files
-
-
 @pytest.mark.parametrize("damage,gist", [
     ("truncate", r"[A-Z_]+ reading state"),           # tensorstore's status code, no spec
     ("delete", r"[A-Z_]+ reading state"),
@@ -228,32 +216,6 @@ def test_unreadable_step_errors_are_one_short_line(tmp_path, caplog, damage, gis
         assert message.startswith(f"no readable checkpoint in {tmp_path}: steps 2, 1 are "
                                   "unreadable (") and "\n" not in message and len(message) < 300
     assert caplog.text == ""                # nothing logged above INFO: the error says it all
-
-
-def test_failed_restore_leaves_no_reads_running(tmp_path, caplog, capfd, monkeypatch):
-    """A failed read of many arrays leaves no other read in flight: one still running when
-    Orbax's event loop closes reports "RuntimeError: Event loop is closed" from tensorstore's
-    threads (sys.unraisablehook: a traceback on stderr) and logs "Task exception was never
-    retrieved" when collected."""
-    unraisable = []
-    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
-    rng = np.random.default_rng(8)
-    state = {f"w{i}": jnp.asarray(rng.normal(size=(40, 56)), jnp.float32) for i in range(32)}
-    with Checkpointer(tmp_path, save_interval_steps=1) as checkpointer:
-        checkpointer.save(1, state=state)
-    for path in _array_data_files(tmp_path / "1"):
-        path.write_bytes(b"")
-    caplog.set_level(logging.WARNING, logger="asyncio")
-    with Checkpointer(tmp_path, read_only=True) as checkpointer:
-        for _ in range(4):
-            with pytest.raises(UnreadableCheckpointError):
-                checkpointer.restore(1, _abstract(state))
-    time.sleep(0.2)
-    gc.collect()
-    assert not unraisable, [repr(u.exc_value) for u in unraisable[:3]]
-    assert not [r for r in caplog.records if r.name == "asyncio"], caplog.text[:2000]
-    captured = capfd.readouterr()
-    assert "Traceback" not in captured.err + captured.out, captured.err[:2000]
 
 
 _KILLED_SAVE = """

@@ -5,7 +5,6 @@ import pytest
 from train.cli import entry as cli
 from train.core.config import ConfigError
 from train.core.presets import CONFIG_DIR, apply_overrides, config_from_dict, load_config
-from train.core.validation import validate_for_devices
 
 PRESETS = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
 
@@ -109,18 +108,6 @@ def test_impossible_combinations_are_rejected(overrides, message):
         load_config("tiny_fpa", overrides)
 
 
-def test_mesh_sizes_against_device_count():
-    config = load_config("tiny_fpa", ["mesh.fsdp=4", "mesh.tensor=2", "data.batch_size=16"])
-    assert validate_for_devices(config, 8) == (1, 4, 2)
-    assert validate_for_devices(config, 16) == (2, 4, 2)
-    with pytest.raises(ConfigError, match="does not divide"):
-        validate_for_devices(config, 4)
-    with pytest.raises(ConfigError, match="batch_size"):
-        validate_for_devices(load_config("tiny_fpa", ["data.batch_size=12"]), 8)
-    with pytest.raises(ConfigError, match="devices"):
-        validate_for_devices(load_config("tiny_fpa", ["mesh.data=2"]), 8)
-
-
 def test_config_round_trips_through_its_dict():
     config = load_config("tiny_hybrid", ["attention.kind=fpa", "attention.position=nope",
                                          "attention.no_bias_layers=[3]"])
@@ -207,26 +194,6 @@ def test_run_directory_stores_the_resolved_config(tmp_path):
     stored = json.loads((tmp_path / "config.json").read_text())
     assert "base" not in stored and stored["train"]["log_every"] == 20
     assert config_from_dict(stored) == config
-
-
-@pytest.mark.parametrize("overrides,message", [
-    (["attention.kind=selective", "attention.implementation=xla"],
-     "attention.implementation='xla' with attention.kind='selective'.*selective_attention"),
-    (["attention.kind=dcp", "attention.implementation=xla"], "dcp_attention"),
-    (["attention.implementation=cuda"], "fpa_attention"),
-    (["model.pattern=G", "gdn.implementation=fast"], "gdn.implementation='fast'.*gated_delta_rule"),
-])
-def test_implementation_is_checked_against_the_op_registry_at_load(overrides, message):
-    with pytest.raises(ConfigError, match=message) as error:
-        load_config("tiny_fpa", overrides)
-    assert "\n" not in str(error.value)
-
-
-def test_registered_implementations_load():
-    assert load_config("tiny_softmax", ["attention.implementation=cudnn"]).attention.implementation == "cudnn"
-    assert load_config("tiny_gdn", ["gdn.implementation=reference"]).gdn.implementation == "reference"
-    # a preset's unused mixer section is not checked (tiny_fpa has no GDN layer)
-    assert load_config("tiny_fpa", ["gdn.implementation=fast"]).gdn.implementation == "fast"
 
 
 @pytest.mark.parametrize("content, message", [

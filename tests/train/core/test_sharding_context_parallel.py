@@ -212,16 +212,6 @@ def test_memory_estimate_counts_the_key_blocks_the_ring_keeps():
             estimate_train_memory(config, state, 257, bad)
 
 
-def test_checked_ranges_are_refused_on_more_than_one_device():
-    # the checkify-wrapped step cannot trace the mixers' shard_map (any mesh of > 1 device)
-    with pytest.raises(ConfigError, match="train.check_ranges"):
-        validate_for_devices(load_config(None, BASE + ["train.check_ranges=true"]), 4)
-    with pytest.raises(ConfigError, match="train.check_ranges"):
-        validate_for_devices(load_config(None, BASE[:2] + ["train.check_ranges=true"]), 2)
-    assert validate_for_devices(load_config(None, BASE[:2] + ["train.check_ranges=true"]),
-                                1) == (1, 1, 1)
-
-
 def test_a_context_axis_spanning_processes_is_refused():
     # each process feeds its own rows: the devices of one batch shard must share a process
     def mesh(shape, names, processes):
