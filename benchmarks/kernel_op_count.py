@@ -1,0 +1,189 @@
+"""Per-pair elementwise instructions of the attention kernels, read from their lowered MLIR
+(no GPU needed).
+
+    python benchmarks/kernel_op_count.py [--ops fpa,fox,softmax] [--dim 64] [--segments]
+
+Lowers each op's forward+backward for Hopper (`lowering_platforms=("cuda",)`, bf16, "lane"
+semantics: the Mosaic GPU module is already one thread's code, every tile operation expanded
+into its registers' operations) and counts, in each kernel's sweep loop, the elementwise
+operations one thread issues per tile: float arithmetic, compares and selects (a vector<2>
+operation counts 2), and the PTX the kernels write inline (ex2, rsqrt, min, max, abs; one
+each), after MLIR's canonicalisation and CSE have dropped dead and repeated operations. Divided by the 32 pairs a thread holds of a 64 x 64 tile, that is the "per pair"
+figure Nsight Compute's source counters give on the GPU (docs/benchmarks.md, "At the train
+step's shape": FoX's sweeps about 19 instructions per pair, FPA's 43-48), less the integer
+and address work around it, which the count leaves out.
+
+A sweep's loop body branches (`lax.cond` / `lax.switch` lower to `scf.index_switch`): a tile
+is skipped or computed, and an off-diagonal FPA tile takes one of three share paths (no dead
+pair, separable, row-referenced; mixer_kernels/mosaic_gpu/attention/backward_kernels.py
+`_share_path`). Each row of the table is one way through the loop body, its branches named
+by their position (`b1.0` = the second switch's first branch), with the operations counted
+along that way. The table shows where the elementwise work of a tile is and how a change to
+a kernel moves it, before any GPU time is spent; it does not time anything (register
+pressure, latency and the matmuls are not in it).
+"""
+
+import argparse
+import collections
+import itertools
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+from jax._src.lib.mlir import ir, passmanager  # noqa: E402
+from jax._src.pallas.mosaic_gpu import lowering  # noqa: E402
+
+PAIRS_PER_THREAD = 64 * 64 // 128   # one warpgroup holds a 64 x 64 float32 tile
+FLOAT_OPS = frozenset({"arith.addf", "arith.subf", "arith.mulf", "arith.divf", "arith.negf",
+                       "arith.maximumf", "arith.minimumf", "arith.maxnumf", "arith.minnumf",
+                       "arith.cmpf", "arith.select", "math.fma", "math.exp2", "math.exp",
+                       "arith.truncf", "arith.extf"})
+INLINE_PTX = ("ex2", "rsqrt", "min", "max", "abs", "lg2", "rcp", "fma")
+SWITCHES = frozenset({"scf.index_switch", "scf.if"})
+
+
+def capture_kernels():
+    """Patch the Mosaic GPU lowering to keep each kernel's module, canonicalised and with
+    common subexpressions merged (operations whose results nothing uses are gone, as they
+    will be from the compiled kernel): returns the list it fills with (kernel name,
+    module)."""
+    kernels = []
+    lower = lowering.lower_jaxpr_to_module
+
+    def keep(*args, **kwargs):
+        result = lower(*args, **kwargs)
+        names = [str(op.operation.attributes["sym_name"]).strip('"')
+                 for op in result.module.body.operations
+                 if "sym_name" in op.operation.attributes]
+        with result.module.context:
+            module = ir.Module.parse(str(result.module))
+            passmanager.PassManager.parse("builtin.module(canonicalize,cse)").run(
+                module.operation)
+        kernels.append((next(n for n in names if n.startswith("attention_")), module))
+        return result
+
+    lowering.lower_jaxpr_to_module = keep
+    return kernels
+
+
+def weight(op):
+    """Counter {instruction: count} of one MLIR operation's elementwise instructions (empty
+    for everything else)."""
+    name = op.name
+    if name == "llvm.inline_asm":
+        text = str(op.attributes["asm_string"]).strip('"').split()
+        head = text[0].split(".")[0] if text else ""
+        return collections.Counter({head: 1} if head in INLINE_PTX else {})
+    if name not in FLOAT_OPS:
+        return collections.Counter()
+    kind = str(op.results[0].type) if len(op.results) else ""
+    lanes = int(kind[len("vector<"):].split("x")[0]) if kind.startswith("vector<") else 1
+    return collections.Counter({name.split(".")[-1]: lanes})
+
+
+def ways(block_ops):
+    """[(label, Counter of instructions)] of every way through a sequence of operations: the
+    operations outside switches count once, each switch adds one of its branches."""
+    own, choices = collections.Counter(), []
+    for op in block_ops:
+        op = op.operation
+        own += weight(op)
+        if op.name in SWITCHES:
+            options = []
+            for branch, region in enumerate(op.regions):
+                inner = [o for block in region.blocks for o in block.operations]
+                options += [(f"b{len(choices)}.{branch}" + (f" {label}" if label else ""), count)
+                            for label, count in ways(inner)]
+            choices.append(options)
+        elif op.regions:   # a loop or a scoped region inside: everything in it counts
+            for region in op.regions:
+                inner = [o for block in region.blocks for o in block.operations]
+                for label, count in ways(inner)[:1]:
+                    own += count
+    result = []
+    for combination in itertools.product(*choices) if choices else [()]:
+        label = " ".join(label for label, _ in combination)
+        result.append((label, sum((count for _, count in combination), own)))
+    return result
+
+
+def sweep_loops(op):
+    """The outermost scf.for loops of a kernel (its sweeps over tiles)."""
+    for region in op.regions:
+        for block in region.blocks:
+            for child in block.operations:
+                if child.operation.name == "scf.for":
+                    yield child.operation
+                else:
+                    yield from sweep_loops(child.operation)
+
+
+def program(op_name, shape, segments):
+    """The op's forward+backward (every input differentiated), jitted."""
+    from mixer_kernels.mosaic_gpu.attention.vjp import fox_pallas, fpa_pallas, softmax_pallas
+
+    batch, length, heads, dim = shape
+    x = jnp.zeros(shape, jnp.bfloat16)
+    field = jnp.zeros((batch, length, heads), jnp.float32)
+    segment_ids = jnp.zeros((batch, length), jnp.int32) if segments else None
+    scale = dim ** -0.5
+
+    def loss(x, a, b):
+        if op_name == "fpa":
+            out = fpa_pallas(x, x, x, a, b, jnp.ones((heads,), jnp.float32), segment_ids,
+                             scale=scale)
+        elif op_name == "fox":
+            out = fox_pallas(x, x, x, a, segment_ids, scale=scale)
+        else:
+            out = softmax_pallas(x, x, x, segment_ids, None, scale=scale)
+        return jnp.sum(out.astype(jnp.float32))
+
+    return jax.jit(jax.grad(loss, argnums=(0, 1, 2))), (x, field, field)
+
+
+def tile_counts(kernels, op_name, dim=64, segments=False):
+    """[(kernel, way, Counter of instructions per tile)] of the op's kernels, one row per
+    distinct count; `kernels` is capture_kernels()'s list."""
+    del kernels[:]
+    fn, inputs = program(op_name, (1, 256, 1, dim), segments)
+    fn.trace(*inputs).lower(lowering_platforms=("cuda",))
+    rows = []
+    for kernel, module in kernels:
+        loops = list(sweep_loops(module.operation))
+        if not loops:   # one tile per program (the diagonal shares): the whole kernel
+            rows.append((kernel, "whole kernel", ways(list(module.body.operations))[0][1]))
+            continue
+        body = [o for block in loops[-1].regions[0].blocks for o in block.operations]
+        distinct = {}
+        for label, count in ways(body):
+            distinct.setdefault(count.total(), (kernel, label or "(no branch)", count))
+        rows += distinct.values()
+    return rows
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ops", default="fpa,fox,softmax")
+    parser.add_argument("--dim", type=int, default=64)
+    parser.add_argument("--segments", action="store_true", help="with document ids")
+    parser.add_argument("--detail", action="store_true", help="instructions by kind, per pair")
+    args = parser.parse_args()
+    kernels = capture_kernels()
+    print("| op | kernel | way through the loop body | instructions / tile | per pair |")
+    print("|---|---|---|---|---|")
+    for op_name in args.ops.split(","):
+        for kernel, label, count in tile_counts(kernels, op_name, args.dim, args.segments):
+            total = count.total()
+            detail = ""
+            if args.detail:
+                detail = " (" + ", ".join(f"{name} {n / PAIRS_PER_THREAD:.1f}"
+                                          for name, n in count.most_common()) + ")"
+            print(f"| {op_name} | {kernel.removesuffix('_mosaic_gpu')} | {label} | {total} "
+                  f"| {total / PAIRS_PER_THREAD:.1f}{detail} |")
+
+
+if __name__ == "__main__":
+    main()
