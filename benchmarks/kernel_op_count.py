@@ -8,7 +8,9 @@ semantics: the Mosaic GPU module is already one thread's code, every tile operat
 into its registers' operations) and counts, in each kernel's sweep loop, the elementwise
 operations one thread issues per tile: float arithmetic, compares and selects (a vector<2>
 operation counts 2), and the PTX the kernels write inline (ex2, rsqrt, min, max, abs; one
-each), after MLIR's canonicalisation and CSE have dropped dead and repeated operations. Divided by the 32 pairs a thread holds of a 64 x 64 tile, that is the "per pair"
+each), after MLIR's canonicalisation and CSE have dropped dead and repeated operations; an
+add or subtract of a product used only there counts as one fused multiply-add ("fma"), as
+ptxas contracts them. Divided by the 32 pairs a thread holds of a 64 x 64 tile, that is the "per pair"
 figure Nsight Compute's source counters give on the GPU (docs/benchmarks.md, "At the train
 step's shape": FoX's sweeps about 19 instructions per pair, FPA's 43-48), less the integer
 and address work around it, which the count leaves out.
@@ -81,7 +83,16 @@ def weight(op):
         return collections.Counter()
     kind = str(op.results[0].type) if len(op.results) else ""
     lanes = int(kind[len("vector<"):].split("x")[0]) if kind.startswith("vector<") else 1
+    if name in ("arith.addf", "arith.subf") and any(map(_fusable_product, op.operands)):
+        # ptxas contracts a product used once into the add that takes it: one FFMA
+        return collections.Counter({"fma": lanes, "mulf": -lanes})
     return collections.Counter({name.split(".")[-1]: lanes})
+
+
+def _fusable_product(value):
+    owner = value.owner if isinstance(value, ir.OpResult) else None
+    return (owner is not None and owner.name == "arith.mulf"
+            and sum(1 for _ in value.uses) == 1)
 
 
 def ways(block_ops):
@@ -90,7 +101,7 @@ def ways(block_ops):
     own, choices = collections.Counter(), []
     for op in block_ops:
         op = op.operation
-        own += weight(op)
+        own.update(weight(op))
         if op.name in SWITCHES:
             options = []
             for branch, region in enumerate(op.regions):
@@ -102,11 +113,14 @@ def ways(block_ops):
             for region in op.regions:
                 inner = [o for block in region.blocks for o in block.operations]
                 for label, count in ways(inner)[:1]:
-                    own += count
+                    own.update(count)
     result = []
     for combination in itertools.product(*choices) if choices else [()]:
         label = " ".join(label for label, _ in combination)
-        result.append((label, sum((count for _, count in combination), own)))
+        total = collections.Counter(own)
+        for _, count in combination:
+            total.update(count)
+        result.append((label, total))
     return result
 
 

@@ -193,6 +193,8 @@ def prepare(cfg, q, k, v, out, lse, dout, bias, segment_ids):
         vectors["dend"] = jnp.broadcast_to(ends[:, None, :], (batch, heads, padded))
     if cfg.prunes:
         vectors.update(_pruning_vectors(cfg, qp, kp, vectors, length))
+    if cfg.mode == "separable":   # the tiles subtract lse with the row (Tile.logits_and_bias)
+        vectors["row"] = vectors["row"] - vectors.pop("lse")
     for name in ("lse", "row", "col"):   # the tiles' base 2 (backward_kernels.Tile.probs)
         if name in vectors:
             vectors[name] = vectors[name] * LOG2E

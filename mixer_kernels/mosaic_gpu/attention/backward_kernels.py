@@ -6,7 +6,8 @@ log-sum-exp (natural log) and delta_t = <dout_t, out_t>:
     logit_ts = scale <q_t, k_s> + b_ts      P_ts = exp(logit_ts - lse_t) [valid]
 
 (the tiles work in base 2, as the forward does: logits, the separable bias rows and lse arrive
-times log2 e, and P = exp2(...), so no tile multiplies before its exponential)
+times log2 e, and P = exp2(...), so no tile multiplies before its exponential; lse enters the
+scores' multiply-add, and the separable mode's row pack holds row_t - lse_t)
     dP_ts = <dout_t, v_s>    dS_ts = P_ts (dP_ts - delta_t)
     dq_t = scale sum_s dS_ts k_s    dk_s = scale sum_t dS_ts q_t    dv_s = sum_t P_ts dout_t
 
@@ -106,9 +107,10 @@ class KernelConfig:
 
     def row_names(self):
         """Rows of the per-query-block input pack."""
-        names = ["lse", "delta"] + (["seg"] if self.segments else [])
+        names = (["delta"] if self.mode == "separable" else ["lse", "delta"])
+        names += ["seg"] if self.segments else []
         if self.mode == "separable":
-            names.append("row")
+            names.append("row")   # the bias row less lse (backward.prepare)
         elif self.mode == "fpa":
             names += ["pre_min", "pre_mass", "bmin", "bmass"]
             names += ["psi"] if self.query_level else ["chi", "pre_wmass"]
@@ -410,16 +412,23 @@ class Tile:
 
     def logits_and_bias(self, scores, diagonal, diag_rows=None, diag_cols=None, gap_min=None,
                         range_min=None):
-        """Logits [n, n] (before masking) and, for FPA, what the gradient pass needs: "gap",
-        a function giving u = [dead] (R - level) (bias = beta u; off the diagonal it recomputes
-        u, which is cheaper than keeping the tile live over the matmuls). On the diagonal R is
-        `range_min` if given, else formed from the level minima."""
+        """Base-2 logits less the row's lse [n, n] (before masking: P = exp2 of them) and, for
+        FPA, what the gradient pass needs: "gap", a function giving u = [dead] (R - level)
+        (bias = beta u; off the diagonal it recomputes u, which is cheaper than keeping the
+        tile live over the matmuls). On the diagonal R is `range_min` if given, else formed
+        from the level minima.
+
+        The lse goes into the scores' multiply-add, so a bias costs one more multiply-add
+        (FPA: (beta log2 e) u + (scale' s - lse)) and the separable one a subtract
+        ((scale' s + (row - lse)) - col, its row pack holding row - lse; backward.prepare)."""
         cfg = self.cfg
         extra = {}
+        if cfg.mode == "separable":
+            row = self.row("row")
+            logits = row if scores is None else (cfg.scale * LOG2E) * scores + row
+            return logits - self.col("col"), extra
         if cfg.mode == "none":
             bias = None
-        elif cfg.mode == "separable":
-            bias = self.row("row") - self.col("col")   # base 2 (backward.prepare)
         elif diagonal:
             if range_min is None:
                 range_min = self.fpa_range_min(True, diag_rows, diag_cols, gap_min)
@@ -431,12 +440,8 @@ class Tile:
         else:
             bias = (self.beta * LOG2E) * self.level_gap(gap_min)
             extra = dict(gap=functools.partial(self.level_gap, gap_min))
-        if scores is None:
-            logits = bias
-        else:
-            scale = cfg.scale * LOG2E
-            logits = scale * scores if bias is None else scale * scores + bias
-        return logits, extra
+        shifted = self.unbiased_logits(scores)
+        return shifted if bias is None else bias + shifted, extra
 
     def biased_probs(self, scores, *, diagonal, field_work, diag_rows, diag_cols, gap_min):
         """(P [n, n] masked, extra of `logits_and_bias`); without field_work (a tile with no
@@ -448,14 +453,15 @@ class Tile:
         return self.probs(logits, self.mask(diagonal)), extra
 
     def unbiased_logits(self, scores):
-        """scale <q, k> without a bias (zeros without content)."""
+        """scale' <q, k> - lse without a bias (-lse without content; not the separable mode,
+        whose packs hold no lse row)."""
         if scores is None:
-            return _zeros(self.shape, plgpu.Layout.WGMMA)
-        return (self.cfg.scale * LOG2E) * scores
+            return -self.row("lse")
+        return (self.cfg.scale * LOG2E) * scores - self.row("lse")
 
     def probs(self, logits, mask):
-        """P from base-2 logits and the pack's base-2 lse."""
-        p = jnp.exp2(logits - self.row("lse"))
+        """P from base-2 logits less lse (`logits_and_bias`)."""
+        p = jnp.exp2(logits)
         return p if mask is None else jnp.where(mask, p, 0.0)
 
     def dead_coef(self, ds, gap):
