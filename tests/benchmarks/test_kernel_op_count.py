@@ -1,6 +1,7 @@
 """benchmarks/kernel_op_count.py: what it counts per MLIR operation, and that the ways it
 finds through the FPA sweeps order as the kernels' share paths do (no dead pair < separable
-< row-referenced), each above the plain softmax tile."""
+< row-referenced), each above the plain softmax tile; and, read from the lowered kernels, that
+the compiled shares take their reciprocal as one rcp.approx per pair."""
 
 import pytest
 
@@ -44,5 +45,9 @@ def test_fpa_share_paths_order_as_their_work(kernels):
                          if kernel == f"attention_{sweep}_fpa_mosaic_gpu" and "b1.1" in label})
         assert len(totals) == 3, totals   # paths 0, 1, 2 of a computed tile
         assert softmax[f"attention_{sweep}_none_mosaic_gpu"] < totals[0] < totals[1] < totals[2]
+        shares = [count for kernel, label, count in rows
+                  if kernel == f"attention_{sweep}_fpa_mosaic_gpu" and count.total() > totals[0]]
+        # compiled, the soft-min shares take one rcp.approx per pair (common.reciprocal)
+        assert all(c["rcp"] == counter.PAIRS_PER_THREAD and not c["rsqrt"] for c in shares)
     diagonal = [count for kernel, label, count in rows if label == "whole kernel"]
     assert len(diagonal) == 1 and diagonal[0]["ex2"] > 0

@@ -4,7 +4,10 @@
                          warpgroup's wgmma tile)
     BIG, decay           mixer_core/soft_min.py's, shared with FPA's XLA paths
     SUPPORTED_HEAD_DIMS  head dims the kernels are built for
-    reciprocal(x)        1 / x for x > 0 as rsqrt(x)^2 (one MUFU op instead of a division)
+    reciprocal(x)        1 / x of a tile x > 0 (WGMMA layout, finite, normal): one MUFU
+                         rcp.approx when compiled (a division would be IEEE's long form);
+                         rsqrt(x)^2 in the GPU interpreter, which runs no inline Mosaic GPU
+                         code
     COMPILER_PARAMS      the kernels' Mosaic GPU options: approximate exp / exp2 / log /
                          rsqrt (the hardware's ex2 / lg2 / rsqrt, relative error near 2^-22,
                          far below the bf16 rounding of the results; the GPU interpreter of the
@@ -27,10 +30,12 @@
 
 import math
 
+import jax.experimental.mosaic.gpu as mgpu
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from mixer_core.interpret import interpret_active
 from mixer_core.soft_min import BIG, decay  # noqa: F401  (the kernels' names for them)
 
 BLOCK = 64
@@ -64,9 +69,18 @@ def per_block(body, name, out_type, scratch, grid_shape, block_axis):
 
 
 def reciprocal(x):
-    """1 / x for x > 0 (finite, normal): rsqrt(x)^2."""
-    root = lax.rsqrt(x)
-    return root * root
+    """1 / x of a tile x > 0 (WGMMA layout, finite, normal)."""
+    if interpret_active():
+        root = lax.rsqrt(x)
+        return root * root
+    layout = plgpu.Layout.WGMMA
+
+    @plgpu.inline_mgpu(arg_types=(layout,),
+                       return_type=plgpu.ShapeDtypeStruct(x.shape, jnp.float32, layout=layout))
+    def approximate(_, tile):
+        return tile._pointwise(mgpu.FragmentedArray._lift_fast_instr("rcp.approx.ftz.f32"))
+
+    return approximate(x)
 
 
 def dead_key_bounds(suffix_min, psi, n):
