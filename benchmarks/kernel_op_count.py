@@ -10,7 +10,7 @@ operations one thread issues per tile: float arithmetic, compares and selects (a
 operation counts 2), and the PTX the kernels write inline (ex2, rsqrt, min, max, abs; one
 each), after MLIR's canonicalisation and CSE have dropped dead and repeated operations; an
 add or subtract of a product used only there counts as one fused multiply-add ("fma"), as
-ptxas contracts them. Divided by the 32 pairs a thread holds of a 64 x 64 tile, that is the "per pair"
+ptxas contracts them, and a conversion of two floats to a packed 16-bit pair as one. Divided by the 32 pairs a thread holds of a 64 x 64 tile, that is the "per pair"
 figure Nsight Compute's source counters give on the GPU (docs/benchmarks.md, "At the train
 step's shape": FoX's sweeps about 19 instructions per pair, FPA's 43-48), less the integer
 and address work around it, which the count leaves out.
@@ -83,6 +83,8 @@ def weight(op):
         return collections.Counter()
     kind = str(op.results[0].type) if len(op.results) else ""
     lanes = int(kind[len("vector<"):].split("x")[0]) if kind.startswith("vector<") else 1
+    if name == "arith.truncf" and lanes > 1 and "16" in kind:
+        lanes //= 2   # two floats to one packed 16-bit pair: one cvt.rn.bf16x2.f32
     if name in ("arith.addf", "arith.subf") and any(map(_fusable_product, op.operands)):
         # ptxas contracts a product used once into the add that takes it: one FFMA
         return collections.Counter({"fma": lanes, "mulf": -lanes})
