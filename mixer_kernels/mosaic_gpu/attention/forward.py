@@ -166,6 +166,8 @@ def attention_forward(q, k, v, bias=NoBias(), *, scale: float,
         if cfg.unbiased_tiles:  # bounds of the no-dead-pair test (forward_kernel.py)
             vec["clo"] = vec["bmin"]
             vec["kap"], vec["kpmax"] = dead_key_bounds(vec["suf"], psi, n)
+        if not cfg.query_level:   # the key side of the off-diagonal bias (forward_kernel.py)
+            vec["key_gap"] = jnp.minimum(vec["suf"] - psi, 0.0)
         for level in range(cfg.levels):
             vec[f"dpre{level}"] = stats.get("pre_min", level)
             vec[f"dsuf{level}"] = stats.get("suf_min", level)

@@ -101,7 +101,8 @@ class ForwardConfig:
         if self.mode == "separable":
             return ["col"] + (["kn", "cmin"] if self.prune else [])
         if self.mode == "fpa":
-            names = ["suf", "bmin"] + ([] if self.query_level else ["psi", "kap", "kpmax"])
+            names = ["suf", "bmin"] if self.query_level else ["key_gap", "bmin", "psi", "kap",
+                                                              "kpmax"]
             if self.prune:
                 names += ["kn"] + ([] if self.query_level else ["kp"])
             return names
@@ -228,22 +229,24 @@ def forward_kernel(cfg: ForwardConfig, q, k, v, rowp, colp):
                         range_min = jnp.where(pair, piece, range_min)
                     level = rows.vec("psi", 0, shape) if cfg.query_level else rows.vec("dpsi", 1, shape)
                     return (beta * LOG2E) * jnp.minimum(range_min - level, 0.0)
-                # off the diagonal min(0, min(A'_s, C_t) - level), A'_s = min(A_s, G), with the
-                # per-key (key level) or per-query (query level) part folded into a vector:
-                # two operations per pair, equal bit for bit (rounding is monotone)
-                key_min = jnp.minimum(cols.vector("suf", 1), gap_min)
+                # off the diagonal min(0, min(A_s, G, C_t) - level) as two operations per
+                # pair, G folded into the vector over the queries (the tile's rows: 2 values
+                # a thread, where a vector over the keys costs half a tile operation):
+                #   key level    min(key_gap_s, min(C_t, G) - psi_s),  key_gap_s = min(0, A_s - psi_s)
+                #   query level  min(min(0, C_t - psi_t, G - psi_t), A_s - psi_t)
+                # equal bit for bit (rounding is monotone: min(A, G) - psi = min(A - psi, G - psi))
                 over_keys = lambda x: lax.broadcast_in_dim(x, shape, [1])
                 over_queries = lambda x: lax.broadcast_in_dim(x, shape, [0])
                 if cfg.query_level:
                     level = rows.vector("psi", 0)
-                    folded = jnp.minimum(rows.vector("pre", 0) - level, 0.0)
+                    folded = jnp.minimum(jnp.minimum(rows.vector("pre", 0) - level, 0.0),
+                                         gap_min - level)
                     gap = jnp.minimum(over_queries(folded),
-                                      over_keys(key_min) - over_queries(level))
+                                      over_keys(cols.vector("suf", 1)) - over_queries(level))
                 else:
-                    level = cols.vector("psi", 1)
-                    folded = jnp.minimum(key_min - level, 0.0)
-                    gap = jnp.minimum(over_keys(folded), over_queries(rows.vector("pre", 0))
-                                      - over_keys(level))
+                    low = jnp.minimum(rows.vector("pre", 0), gap_min)
+                    gap = jnp.minimum(over_keys(cols.vector("key_gap", 1)),
+                                      over_queries(low) - over_keys(cols.vector("psi", 1)))
                 return (beta * LOG2E) * gap
 
             def compute(j, slot, cols, diagonal, gap_min, state, biased=True):
