@@ -6,8 +6,8 @@
 Lowers each op's forward+backward for Hopper (`lowering_platforms=("cuda",)`, bf16, "lane"
 semantics: the Mosaic GPU module is already one thread's code, every tile operation expanded
 into its registers' operations) and counts, in each kernel's sweep loop, the elementwise
-operations one thread issues per tile: float arithmetic, compares and selects (a vector<2>
-operation counts 2), and the PTX the kernels write inline (ex2, rsqrt, min, max, abs; one
+operations one thread issues per tile: float arithmetic, compares and selects, integer
+operations on tiles (a vector<2> operation counts 2), and the PTX the kernels write inline (ex2, rsqrt, min, max, abs; one
 each), after MLIR's canonicalisation and CSE have dropped dead and repeated operations; an
 add or subtract of a product used only there counts as one fused multiply-add ("fma"), as
 ptxas contracts them, and a conversion of two floats to a packed 16-bit pair as one. Divided by the 32 pairs a thread holds of a 64 x 64 tile, that is the "per pair"
@@ -43,6 +43,11 @@ FLOAT_OPS = frozenset({"arith.addf", "arith.subf", "arith.mulf", "arith.divf", "
                        "arith.maximumf", "arith.minimumf", "arith.maxnumf", "arith.minnumf",
                        "arith.cmpf", "arith.select", "math.fma", "math.exp2", "math.exp",
                        "arith.truncf", "arith.extf"})
+# integer operations on tiles (vector results): the diagonal tiles' level arithmetic; scalar
+# integer operations (indices, addresses) are left out
+TILE_INT_OPS = frozenset({"arith.addi", "arith.subi", "arith.muli", "arith.cmpi", "arith.xori",
+                          "arith.andi", "arith.ori", "arith.shli", "arith.shrui", "arith.shrsi",
+                          "math.ctlz"})
 INLINE_PTX = ("ex2", "rsqrt", "min", "max", "abs", "lg2", "rcp", "fma")
 SWITCHES = frozenset({"scf.index_switch", "scf.if"})
 
@@ -79,9 +84,12 @@ def weight(op):
         text = str(op.attributes["asm_string"]).strip('"').split()
         head = text[0].split(".")[0] if text else ""
         return collections.Counter({head: 1} if head in INLINE_PTX else {})
+    kind = str(op.results[0].type) if len(op.results) else ""
+    if name in TILE_INT_OPS and kind.startswith("vector<"):
+        lanes = int(kind[len("vector<"):].split("x")[0])
+        return collections.Counter({name.split(".")[-1]: lanes})
     if name not in FLOAT_OPS:
         return collections.Counter()
-    kind = str(op.results[0].type) if len(op.results) else ""
     lanes = int(kind[len("vector<"):].split("x")[0]) if kind.startswith("vector<") else 1
     if name == "arith.truncf" and lanes > 1 and "16" in kind:
         lanes //= 2   # two floats to one packed 16-bit pair: one cvt.rn.bf16x2.f32

@@ -346,12 +346,10 @@ class Tile:
 
     def pair_levels(self):
         """Dyadic level of each pair s < t of a diagonal tile, -1 elsewhere: the L with
-        2^L <= t XOR s < 2^(L+1) (t and s share their bits above L and differ at L). One
+        2^L <= t XOR s < 2^(L+1) (t and s share their bits above L and differ at L), the
+        highest set bit of t XOR s, 31 - clz (one count-leading-zeros instruction). One
         integer tile; a level's mask is `levels == L` where it is used."""
-        differ = self.t_local ^ self.s_local
-        level = jnp.zeros(self.shape, jnp.int32)
-        for bit in range(1, self.cfg.diag_levels):
-            level = level + jnp.where(differ >= (1 << bit), 1, 0)
+        level = 31 - lax.clz(self.t_local ^ self.s_local)
         return jnp.where(self.s_local < self.t_local, level, -1)
 
     def level_pieces(self, pair_levels, vectors, name, first_row=0):
