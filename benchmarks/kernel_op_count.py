@@ -27,6 +27,7 @@ pressure, latency and the matmuls are not in it).
 
 import argparse
 import collections
+import contextlib
 import itertools
 import os
 import sys
@@ -52,11 +53,12 @@ INLINE_PTX = ("ex2", "rsqrt", "min", "max", "abs", "lg2", "rcp", "fma")
 SWITCHES = frozenset({"scf.index_switch", "scf.if"})
 
 
-def capture_kernels():
-    """Patch the Mosaic GPU lowering to keep each kernel's module, canonicalised and with
-    common subexpressions merged (operations whose results nothing uses are gone, as they
-    will be from the compiled kernel): returns the list it fills with (kernel name,
-    module)."""
+@contextlib.contextmanager
+def captured_kernels():
+    """Within the block, the Mosaic GPU lowering also keeps each kernel's module, canonicalised
+    and with common subexpressions merged (operations whose results nothing uses are gone, as
+    they will be from the compiled kernel): yields the list it fills with (kernel name,
+    module); the lowering is restored on leaving."""
     kernels = []
     lower = lowering.lower_jaxpr_to_module
 
@@ -69,11 +71,14 @@ def capture_kernels():
             module = ir.Module.parse(str(result.module))
             passmanager.PassManager.parse("builtin.module(canonicalize,cse)").run(
                 module.operation)
-        kernels.append((next(n for n in names if n.startswith("attention_")), module))
+        kernels.append((names[-1], module))   # the kernel's function comes last
         return result
 
     lowering.lower_jaxpr_to_module = keep
-    return kernels
+    try:
+        yield kernels
+    finally:
+        lowering.lower_jaxpr_to_module = lower
 
 
 def weight(op):
@@ -170,7 +175,7 @@ def program(op_name, shape, segments):
 
 def tile_counts(kernels, op_name, dim=64, segments=False):
     """[(kernel, way, Counter of instructions per tile)] of the op's kernels, one row per
-    distinct count; `kernels` is capture_kernels()'s list."""
+    distinct count; `kernels` is the list captured_kernels() yields."""
     del kernels[:]
     fn, inputs = program(op_name, (1, 256, 1, dim), segments)
     fn.trace(*inputs).lower(lowering_platforms=("cuda",))
@@ -188,14 +193,7 @@ def tile_counts(kernels, op_name, dim=64, segments=False):
     return rows
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--ops", default="fpa,fox,softmax")
-    parser.add_argument("--dim", type=int, default=64)
-    parser.add_argument("--segments", action="store_true", help="with document ids")
-    parser.add_argument("--detail", action="store_true", help="instructions by kind, per pair")
-    args = parser.parse_args()
-    kernels = capture_kernels()
+def print_table(kernels, args):
     print("| op | kernel | way through the loop body | instructions / tile | per pair |")
     print("|---|---|---|---|---|")
     for op_name in args.ops.split(","):
@@ -207,6 +205,17 @@ def main():
                                           for name, n in count.most_common()) + ")"
             print(f"| {op_name} | {kernel.removesuffix('_mosaic_gpu')} | {label} | {total} "
                   f"| {total / PAIRS_PER_THREAD:.1f}{detail} |")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ops", default="fpa,fox,softmax")
+    parser.add_argument("--dim", type=int, default=64)
+    parser.add_argument("--segments", action="store_true", help="with document ids")
+    parser.add_argument("--detail", action="store_true", help="instructions by kind, per pair")
+    args = parser.parse_args()
+    with captured_kernels() as kernels:
+        print_table(kernels, args)
 
 
 if __name__ == "__main__":

@@ -33,7 +33,15 @@ def test_weight_counts_lanes_and_inline_ptx():
 
 @pytest.fixture(scope="module")
 def kernels():
-    return counter.capture_kernels()
+    with counter.captured_kernels() as captured:
+        yield captured
+
+
+def test_the_lowering_is_restored_after_capturing():
+    lower = counter.lowering.lower_jaxpr_to_module
+    with counter.captured_kernels():
+        assert counter.lowering.lower_jaxpr_to_module is not lower
+    assert counter.lowering.lower_jaxpr_to_module is lower
 
 
 def test_fpa_share_paths_order_as_their_work(kernels):
