@@ -1,7 +1,8 @@
 """One fresh random seed per test session, shared by all xdist workers.
 
 Tests draw inputs from `run_seed()` mixed with their own case number, so every run checks new
-inputs. A failing run is reproduced with `TEST_SEED=<seed shown in the header> ./dev.sh test`.
+inputs. A failing run is reproduced with `TEST_SEED=<seed> ./dev.sh test`, the seed shown in
+the header and, when a run fails, again at its end (`-q` drops the header).
 
 One JAX persistent compilation cache per test session, also shared by all xdist workers and the
 subprocesses tests start (they inherit the environment): a program that several tests compile
@@ -120,3 +121,10 @@ def pytest_collection_modifyitems(config, items):
 
 def pytest_report_header(config):
     return f"TEST_SEED={os.environ['TEST_SEED']} (fresh random inputs; set it to reproduce)"
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus):
+    """The seed again at the end, where `-q` (which drops the header) still shows it."""
+    if exitstatus != 0:
+        terminalreporter.write_line(f"TEST_SEED={os.environ['TEST_SEED']} "
+                                    "(rerun with it to reproduce the failures)")

@@ -57,7 +57,11 @@ SCRIPT = textwrap.dedent("""
     segments[1, 17:] = 3
     segments = jnp.asarray(segments)
     q, k, v = f32(B, T, H, D), f32(B, T, H, D), f32(B, T, H, D)
-    delta, g, h = f32(B, T, H, s=30.0), f32(B, T, H), f32(B, T, H, s=3.0)
+    # walk steps and offsets on a grid of 1/64: every partial sum is exact in float32 (|W| < 2^9),
+    # so the ring's blockwise cumsum gives the unsplit fields bit for bit and no pair's
+    # dead / alive test (R_ts < psi_s) can flip between the two by rounding
+    dyadic = lambda x: jnp.round(64 * x) / 64
+    delta, g, h = (dyadic(x) for x in (f32(B, T, H, s=30.0), f32(B, T, H), f32(B, T, H, s=3.0)))
     beta = jnp.asarray(rng.uniform(0.3, 2.0, H), jnp.float32)
 
     def fpa_unsplit(q, k, v, delta, g, h, beta):
@@ -121,9 +125,9 @@ def test_ring_attention_matches_unsplit_values_and_gradients():
     assert set(result) == {"fpa", "fpa_query_level_no_content", "fox"}
     for case, errors in result.items():
         for name, error in errors.items():
-            # relative to the largest entry; d beta sums every pair of a head, so float32
-            # reordering over the ring reaches 1.4e-4 on some seeds (a wrong gradient is O(1))
-            assert error < (5e-4 if name == "beta" else 1e-4), (case, name, error)
+            # relative to the largest entry: float32 reordering over the ring gives up to 2e-5
+            # (d delta, 50 seeds; the fields are exact, see SCRIPT), a wrong gradient O(1)
+            assert error < 1e-4, (case, name, error)
 
 
 # The report this guards against: ring_fox_attention alone (B=1, no segment ids) had inf dq, dk
