@@ -2,6 +2,7 @@
 (no GPU needed).
 
     python benchmarks/kernel_op_count.py [--ops fpa,fox,softmax] [--dim 64] [--segments]
+        [--detail] [--shuffles]
 
 Lowers each op's forward+backward for Hopper (`lowering_platforms=("cuda",)`, bf16, "lane"
 semantics: the Mosaic GPU module is already one thread's code, every tile operation expanded
@@ -51,6 +52,7 @@ TILE_INT_OPS = frozenset({"arith.addi", "arith.subi", "arith.muli", "arith.cmpi"
                           "math.ctlz"})
 INLINE_PTX = ("ex2", "rsqrt", "min", "max", "abs", "lg2", "rcp", "fma")
 SWITCHES = frozenset({"scf.index_switch", "scf.if"})
+COUNT_SHUFFLES = False   # --shuffles: also the warp shuffles of the sums over a tile's rows
 
 
 @contextlib.contextmanager
@@ -90,6 +92,8 @@ def weight(op):
         head = text[0].split(".")[0] if text else ""
         return collections.Counter({head: 1} if head in INLINE_PTX else {})
     kind = str(op.results[0].type) if len(op.results) else ""
+    if name == "nvvm.shfl.sync":   # the cross-lane steps of a tile's sums along its columns
+        return collections.Counter({"shfl": 1} if COUNT_SHUFFLES else {})
     if name in TILE_INT_OPS and kind.startswith("vector<"):
         lanes = int(kind[len("vector<"):].split("x")[0])
         return collections.Counter({name.split(".")[-1]: lanes})
@@ -213,7 +217,11 @@ def main():
     parser.add_argument("--dim", type=int, default=64)
     parser.add_argument("--segments", action="store_true", help="with document ids")
     parser.add_argument("--detail", action="store_true", help="instructions by kind, per pair")
+    parser.add_argument("--shuffles", action="store_true",
+                        help="also count the warp shuffles of the sums over a tile's rows")
     args = parser.parse_args()
+    global COUNT_SHUFFLES
+    COUNT_SHUFFLES = args.shuffles
     with captured_kernels() as kernels:
         print_table(kernels, args)
 
