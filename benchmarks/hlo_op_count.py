@@ -28,13 +28,14 @@ from mixer_kernels.mosaic_gpu.attention import vjp  # noqa: E402
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + "/"
 
 
-def programs(op, shape):
-    """{name: (fn, abstract args)} of the op's forward and backward programs."""
+def programs(op, shape, segments=True):
+    """{name: (fn, abstract args)} of the op's forward and backward programs (with document
+    ids unless segments is False)."""
     batch, length, heads, dim = shape
     half = lambda *s: jax.ShapeDtypeStruct(s, jnp.bfloat16)
     single = lambda *s: jax.ShapeDtypeStruct(s, jnp.float32)
     qkv = (half(*shape),) * 3
-    segments = jax.ShapeDtypeStruct((batch, length), jnp.int32)
+    segments = jax.ShapeDtypeStruct((batch, length), jnp.int32) if segments else None
     saved = (single(*shape), single(batch, heads, length), half(*shape))   # out, lse, dout
     scale = dim ** -0.5
     if op == "fpa":

@@ -4,17 +4,20 @@
     python benchmarks/kernel_op_count.py [--ops fpa,fox,softmax] [--dim 64] [--segments]
         [--detail] [--shuffles]
 
-Lowers each op's forward+backward for Hopper (`lowering_platforms=("cuda",)`, bf16, "lane"
-semantics: the Mosaic GPU module is already one thread's code, every tile operation expanded
-into its registers' operations) and counts, in each kernel's sweep loop, the elementwise
-operations one thread issues per tile: float arithmetic, compares and selects, integer
-operations on tiles (a vector<2> operation counts 2), and the PTX the kernels write inline (ex2, rsqrt, min, max, abs; one
-each), after MLIR's canonicalisation and CSE have dropped dead and repeated operations; an
-add or subtract of a product used only there counts as one fused multiply-add ("fma"), as
-ptxas contracts them, and a conversion of two floats to a packed 16-bit pair as one. Divided by the 32 pairs a thread holds of a 64 x 64 tile, that is the "per pair"
-figure Nsight Compute's source counters give on the GPU (docs/benchmarks.md, "At the train
-step's shape": FoX's sweeps about 19 instructions per pair, FPA's 43-48), less the integer
-and address work around it, which the count leaves out.
+Lowers each op's forward and backward programs for Hopper (benchmarks/hlo_op_count.py
+`programs`, bf16, `lowering_platforms=("cuda",)`, "lane" semantics: the Mosaic GPU module is
+already one thread's code, every tile operation expanded into its registers' operations) and
+counts, in each kernel's sweep loop, the elementwise operations one thread issues per tile:
+float arithmetic, compares and selects, integer operations on tiles (a vector<2> operation
+counts 2), the PTX the kernels write inline (ex2, rsqrt, rcp, min, max, abs; one each) and,
+with --shuffles, the warp shuffles of sums over a tile's rows. It counts after MLIR's
+canonicalisation and CSE have dropped dead and repeated operations; an add or subtract of a
+product used only there counts as one fused multiply-add ("fma"), as ptxas contracts them, and
+a conversion of two floats to a packed 16-bit pair as one. Divided by the 32 pairs a thread
+holds of a 64 x 64 tile, that is the "per pair" figure Nsight Compute's source counters give on
+the GPU (docs/benchmarks.md, "At the train step's shape": FoX's sweeps about 19 instructions
+per pair, FPA's 43-48), less the integer and address work around it, which the count leaves
+out.
 
 A sweep's loop body branches (`lax.cond` / `lax.switch` lower to `scf.index_switch`): a tile
 is skipped or computed, and an off-diagonal FPA tile takes one of three share paths (no dead
@@ -36,9 +39,10 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 from jax._src.lib.mlir import ir, passmanager  # noqa: E402
 from jax._src.pallas.mosaic_gpu import lowering  # noqa: E402
+
+from benchmarks import hlo_op_count  # noqa: E402
 
 PAIRS_PER_THREAD = 64 * 64 // 128   # one warpgroup holds a 64 x 64 float32 tile
 FLOAT_OPS = frozenset({"arith.addf", "arith.subf", "arith.mulf", "arith.divf", "arith.negf",
@@ -52,7 +56,6 @@ TILE_INT_OPS = frozenset({"arith.addi", "arith.subi", "arith.muli", "arith.cmpi"
                           "math.ctlz"})
 INLINE_PTX = ("ex2", "rsqrt", "min", "max", "abs", "lg2", "rcp", "fma")
 SWITCHES = frozenset({"scf.index_switch", "scf.if"})
-COUNT_SHUFFLES = False   # --shuffles: also the warp shuffles of the sums over a tile's rows
 
 
 @contextlib.contextmanager
@@ -83,9 +86,9 @@ def captured_kernels():
         lowering.lower_jaxpr_to_module = lower
 
 
-def weight(op):
+def weight(op, shuffles=False):
     """Counter {instruction: count} of one MLIR operation's elementwise instructions (empty
-    for everything else)."""
+    for everything else; warp shuffles only with `shuffles`)."""
     name = op.name
     if name == "llvm.inline_asm":
         text = str(op.attributes["asm_string"]).strip('"').split()
@@ -93,7 +96,7 @@ def weight(op):
         return collections.Counter({head: 1} if head in INLINE_PTX else {})
     kind = str(op.results[0].type) if len(op.results) else ""
     if name == "nvvm.shfl.sync":   # the cross-lane steps of a tile's sums along its columns
-        return collections.Counter({"shfl": 1} if COUNT_SHUFFLES else {})
+        return collections.Counter({"shfl": 1} if shuffles else {})
     if name in TILE_INT_OPS and kind.startswith("vector<"):
         lanes = int(kind[len("vector<"):].split("x")[0])
         return collections.Counter({name.split(".")[-1]: lanes})
@@ -114,24 +117,25 @@ def _fusable_product(value):
             and sum(1 for _ in value.uses) == 1)
 
 
-def ways(block_ops):
+def ways(block_ops, shuffles=False):
     """[(label, Counter of instructions)] of every way through a sequence of operations: the
-    operations outside switches count once, each switch adds one of its branches."""
+    operations outside switches count once, each switch adds one of its branches (a loop or
+    scoped region inside counts its first way)."""
     own, choices = collections.Counter(), []
     for op in block_ops:
         op = op.operation
-        own.update(weight(op))
+        own.update(weight(op, shuffles))
         if op.name in SWITCHES:
             options = []
             for branch, region in enumerate(op.regions):
                 inner = [o for block in region.blocks for o in block.operations]
                 options += [(f"b{len(choices)}.{branch}" + (f" {label}" if label else ""), count)
-                            for label, count in ways(inner)]
+                            for label, count in ways(inner, shuffles)]
             choices.append(options)
         elif op.regions:   # a loop or a scoped region inside: everything in it counts
             for region in op.regions:
                 inner = [o for block in region.blocks for o in block.operations]
-                for label, count in ways(inner)[:1]:
+                for label, count in ways(inner, shuffles)[:1]:
                     own.update(count)
     result = []
     for combination in itertools.product(*choices) if choices else [()]:
@@ -154,44 +158,22 @@ def sweep_loops(op):
                     yield from sweep_loops(child.operation)
 
 
-def program(op_name, shape, segments):
-    """The op's forward+backward (every input differentiated), jitted."""
-    from mixer_kernels.mosaic_gpu.attention.vjp import fox_pallas, fpa_pallas, softmax_pallas
-
-    batch, length, heads, dim = shape
-    x = jnp.zeros(shape, jnp.bfloat16)
-    field = jnp.zeros((batch, length, heads), jnp.float32)
-    segment_ids = jnp.zeros((batch, length), jnp.int32) if segments else None
-    scale = dim ** -0.5
-
-    def loss(x, a, b):
-        if op_name == "fpa":
-            out = fpa_pallas(x, x, x, a, b, jnp.ones((heads,), jnp.float32), segment_ids,
-                             scale=scale)
-        elif op_name == "fox":
-            out = fox_pallas(x, x, x, a, segment_ids, scale=scale)
-        else:
-            out = softmax_pallas(x, x, x, segment_ids, None, scale=scale)
-        return jnp.sum(out.astype(jnp.float32))
-
-    return jax.jit(jax.grad(loss, argnums=(0, 1, 2))), (x, field, field)
-
-
-def tile_counts(kernels, op_name, dim=64, segments=False):
+def tile_counts(kernels, op_name, dim=64, segments=False, shuffles=False):
     """[(kernel, way, Counter of instructions per tile)] of the op's kernels, one row per
     distinct count; `kernels` is the list captured_kernels() yields."""
     del kernels[:]
-    fn, inputs = program(op_name, (1, 256, 1, dim), segments)
-    fn.trace(*inputs).lower(lowering_platforms=("cuda",))
+    for fn, abstract in hlo_op_count.programs(op_name, (1, 256, 1, dim), segments).values():
+        jax.jit(fn).trace(*abstract).lower(lowering_platforms=("cuda",))
     rows = []
     for kernel, module in kernels:
         loops = list(sweep_loops(module.operation))
         if not loops:   # one tile per program (the diagonal shares): the whole kernel
-            rows.append((kernel, "whole kernel", ways(list(module.body.operations))[0][1]))
+            rows.append((kernel, "whole kernel",
+                         ways(list(module.body.operations), shuffles)[0][1]))
             continue
         body = [o for block in loops[-1].regions[0].blocks for o in block.operations]
         distinct = {}
-        for label, count in ways(body):
+        for label, count in ways(body, shuffles):
             distinct.setdefault(count.total(), (kernel, label or "(no branch)", count))
         rows += distinct.values()
     return rows
@@ -201,7 +183,8 @@ def print_table(kernels, args):
     print("| op | kernel | way through the loop body | instructions / tile | per pair |")
     print("|---|---|---|---|---|")
     for op_name in args.ops.split(","):
-        for kernel, label, count in tile_counts(kernels, op_name, args.dim, args.segments):
+        for kernel, label, count in tile_counts(kernels, op_name, args.dim, args.segments,
+                                                args.shuffles):
             total = count.total()
             detail = ""
             if args.detail:
@@ -220,8 +203,6 @@ def main():
     parser.add_argument("--shuffles", action="store_true",
                         help="also count the warp shuffles of the sums over a tile's rows")
     args = parser.parse_args()
-    global COUNT_SHUFFLES
-    COUNT_SHUFFLES = args.shuffles
     with captured_kernels() as kernels:
         print_table(kernels, args)
 
