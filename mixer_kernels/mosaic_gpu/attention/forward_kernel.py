@@ -222,8 +222,9 @@ def forward_kernel(cfg: ForwardConfig, q, k, v, rowp, colp):
                     range_min = jnp.full(shape, BIG, jnp.float32)
                     later = s_local < t_local
                     # each level's pairs from the iotas, not from a tile of levels (31 -
-                    # clz(t ^ s), as the backward kernels): on the H100 that tile, live over
-                    # the six levels, took the kernel from 128 to 157 registers and 3-17 us
+                    # clz(t ^ s), as the backward kernels): with that tile the H100 run of
+                    # 2026-12-05 compiled this kernel to 157 registers instead of 128 (the
+                    # tile, live over the six levels, is the suspect; not yet re-timed)
                     for level in range(cfg.levels):
                         pair = ((t_local >> (level + 1)) == (s_local >> (level + 1))) & \
                                ((t_local >> level) != (s_local >> level)) & later
