@@ -10,8 +10,9 @@ shape), with L2-normalised heads (q and k) and without (v): the median ms of a j
 forward+backward of "xla" and of "pallas", and the relative L2 error of y, dx and d taps
 against float32 ("xla" on the same rounded x). Exits 1 when "pallas" is more than 1.5x as far
 from float32 as "xla" (plus 1e-3); for y the floor of "xla"'s error is float32 y rounded to
-x's dtype, since neither can be closer than that. `--trace`: then each one's forward+backward under jax.profiler,
-device ms per kernel (the kernel and every XLA fusion around it), costliest first.
+x's dtype, since neither can be closer than that. `--trace`: then each one's forward+backward
+under jax.profiler, device ms per kernel (the kernel and every XLA fusion around it),
+costliest first.
 """
 
 import argparse

@@ -57,9 +57,9 @@ SCRIPT = textwrap.dedent("""
     segments[1, 17:] = 3
     segments = jnp.asarray(segments)
     q, k, v = f32(B, T, H, D), f32(B, T, H, D), f32(B, T, H, D)
-    # walk steps and offsets on a grid of 1/64: every partial sum is exact in float32 (|W| < 2^9),
-    # so the ring's blockwise cumsum gives the unsplit fields bit for bit and no pair's
-    # dead / alive test (R_ts < psi_s) can flip between the two by rounding
+    # walk steps and offsets on a grid of 1/64: every partial sum is exact in float32 (while
+    # |W| < 2^18; here a few hundred), so the ring's blockwise cumsum gives the unsplit fields
+    # bit for bit and no pair's dead / alive test (R_ts < psi_s) can flip between the two
     dyadic = lambda x: jnp.round(64 * x) / 64
     delta, g, h = (dyadic(x) for x in (f32(B, T, H, s=30.0), f32(B, T, H), f32(B, T, H, s=3.0)))
     beta = jnp.asarray(rng.uniform(0.3, 2.0, H), jnp.float32)
