@@ -1,7 +1,7 @@
 """benchmarks/kernel_op_count.py: what it counts per MLIR operation, and that the ways it
-finds through the FPA sweeps order as the kernels' share paths do (no dead pair < separable
-< row-referenced), each above the plain softmax tile; and, read from the lowered kernels, that
-the compiled shares take their reciprocal as one rcp.approx per pair."""
+finds through the FPA sweeps order as the kernels' share paths do (no dead pair < query
+minimum < separable < row-referenced), each above the plain softmax tile; and, read from the
+lowered kernels, that the compiled shares take their reciprocal as one rcp.approx per pair."""
 
 import pytest
 
@@ -51,8 +51,11 @@ def test_fpa_share_paths_order_as_their_work(kernels):
     for sweep in ("dkv", "dq"):
         totals = sorted({count.total() for kernel, label, count in rows
                          if kernel == f"attention_{sweep}_fpa_mosaic_gpu" and "b1.1" in label})
-        assert len(totals) == 3, totals   # paths 0, 1, 2 of a computed tile
-        assert softmax[f"attention_{sweep}_none_mosaic_gpu"] < totals[0] < totals[1] < totals[2]
+        # paths 0, 3, 1, 2 of a computed tile (no dead pair, query minimum, separable,
+        # row-referenced)
+        assert len(totals) == 4, totals
+        assert (softmax[f"attention_{sweep}_none_mosaic_gpu"] < totals[0] < totals[1]
+                < totals[2] < totals[3])
         shares = [count for kernel, label, count in rows
                   if kernel == f"attention_{sweep}_fpa_mosaic_gpu" and count.total() > totals[0]]
         # compiled, the soft-min shares take one rcp.approx per pair (common.reciprocal)

@@ -176,6 +176,7 @@ def prepare(cfg, q, k, v, out, lse, dout, bias, segment_ids):
             vectors["alo"] = _per_block(vectors["suf_min"], n, jnp.min)
             vectors["kap"], vectors["kpmax"] = dead_key_bounds(vectors["suf_min"],
                                                                vectors["psi"], n)
+            vectors["kp"] = _per_block(vectors["psi"], n, jnp.min)
             # the separable path's masses weighted relative to their block's lowest piece,
             # and the key side of the bias, min(0, A_s - psi_s) (Tile.separable_weights,
             # Tile.level_gap)

@@ -27,11 +27,13 @@ valid: s <= t and doc(s) == doc(t). Bias modes (static):
                   soft-min shares of coef per piece: share = coef / mass,
                   mass = sum over pieces of mass_piece exp(-(min_piece - R)/tau)
 
-FPA's field terms take one of three paths per off-diagonal tile (level psi_s; `_share_path`,
+FPA's field terms take one of four paths per off-diagonal tile (level psi_s; `_share_path`,
 from per-block bounds): no dead pair (a plain softmax tile: no bias, no field work), separable
 (the pieces' weights relative to one tile minimum r: exponentials per key and per query, one
-reciprocal per pair) or row-referenced (weights relative to m_t = min(G, C_t) and one
-exponential of -|m_t - A_s| per pair; exact for any spread). Query levels take the exact
+reciprocal per pair), its query-minimum case (every pair dead with R_ts = min(G, C_t), as on
+FoX's fields: the bias from one subtraction per pair and no dead mask) or row-referenced
+(weights relative to m_t = min(G, C_t) and one exponential of -|m_t - A_s| per pair; exact for
+any spread). Query levels take the exact
 shares. The gap's minimum and soft-min mass are scalars carried along the sweep. The diagonal
 tiles' per-level shares come from a third kernel (backward_diagonal_kernel.py), which keeps their
 six levels' work out of the two sweeps (it cost them registers and spills on every tile).
@@ -129,16 +131,14 @@ class KernelConfig:
             names.append("col")
         elif self.mode == "fpa":
             names += ["suf_min", "suf_mass", "bmin", "bmass"]
-            names += [] if self.query_level else ["psi", "alo", "kap", "kpmax", "suf_wmass",
-                                                  "key_gap"]
+            names += [] if self.query_level else ["psi", "alo", "kap", "kpmax", "kp",
+                                                  "suf_wmass", "key_gap"]
         if self.skips and self.segments:
             names.append("dend")
         if self.prunes:
             names.append("kn")
             if self.mode == "separable":
                 names.append("cmin")
-            elif not self.query_level:
-                names.append("kp")
         return names
 
     def col_out_names(self):
@@ -213,22 +213,32 @@ def _share_path(cfg, rows, cols, gap_min):
     R_ts - psi_s >= min(kap_j, min(G, clo_i) - kpmax_j) >= 0 (no field gradient); path 1:
     every R_ts <= min(G, chi_i) lies within SEPARABLE_SPREAD tau of r, so the soft-min weights
     relative to r keep every dead pair's mass above e^-SPREAD (separable shares: no
-    exponential per pair); path 2: the row-referenced shares (one exponential per pair)."""
+    exponential per pair); path 2: the row-referenced shares (one exponential per pair);
+    path 3: path 1 where moreover min(G, chi_i) <= alo_j and min(G, chi_i) < kp_j (the key
+    block's lowest level): every pair's range minimum is its query side, R_ts = min(G, C_t),
+    and every pair is dead, so u = min(G, C_t) - psi_s bit for bit (`Tile.level_gap`) and
+    coef = dS (FoX's fields take it on every off-diagonal tile)."""
     clo = rows.scalar("bmin")
     r = jnp.minimum(jnp.minimum(cols.scalar("alo"), gap_min), clo)
-    spread = (jnp.minimum(gap_min, rows.scalar("chi")) - r) * (1.0 / cfg.tau)
+    high = jnp.minimum(gap_min, rows.scalar("chi"))   # the largest min(G, C_t) of the tile
+    spread = (high - r) * (1.0 / cfg.tau)
     floor = no_dead_floor(cols.scalar("kap"), cols.scalar("kpmax"), gap_min, clo)
-    path = jnp.where(floor >= 0.0, 0, jnp.where(spread <= SEPARABLE_SPREAD, 1, 2))
+    query_min = (high <= cols.scalar("alo")) & (high < cols.scalar("kp"))
+    separable = jnp.where(query_min, 3, 1)
+    path = jnp.where(floor >= 0.0, 0, jnp.where(spread <= SEPARABLE_SPREAD, separable, 2))
     return r, path
 
 
 def _by_path(compute, path):
     """compute(state), or, off the diagonal of an FPA tile with a share path, a plain softmax
-    tile (compute(state, field_work=False)) on path 0."""
+    tile (compute(state, field_work=False)) on path 0 and the query-minimum tile
+    (compute(state, query_min=True)) on path 3."""
     if path is None:
         return compute
-    return lambda state: lax.cond(path == 0, functools.partial(compute, field_work=False),
-                                  compute, state)
+    branches = [functools.partial(compute, field_work=False), compute,
+                functools.partial(compute, query_min=True)]
+    return lambda state: lax.switch(jnp.where(path == 0, 0, jnp.where(path == 3, 2, 1)),
+                                    branches, state)
 
 
 def _probs_during_dp(probs_of, lhs, rhs, d_lhs, d_rhs, shape):
@@ -371,10 +381,11 @@ class Tile:
         return jnp.minimum(self.level_pieces(pair_levels, diag_cols, "suf"),
                            self.level_pieces(pair_levels, diag_rows, "pre"))
 
-    def level_gap(self, gap_min):
+    def level_gap(self, gap_min, query_min=False):
         """u = min(0, R - level) [n, n] of an off-diagonal FPA tile (< 0 where the key is
         dead): two operations per pair, as min(x, a - level) with everything else folded into
-        vectors first. With A'_s = min(A_s, G), C'_t = min(C_t, G):
+        vectors first; one (a subtraction) on a query-minimum tile (query_min, path 3 of
+        `_share_path`: key levels, u = C'_t - psi_s). With A'_s = min(A_s, G), C'_t = min(C_t, G):
 
             key level psi_s:    u = min(min(key_gap_s, G - psi_s), C_t - psi_s)     (dk/dv)
                                 u = min(key_gap_s, C'_t - psi_s)                     (dq)
@@ -390,6 +401,9 @@ class Tile:
         over_keys = lambda x: lax.broadcast_in_dim(x, self.shape, [self.ka])
         over_queries = lambda x: lax.broadcast_in_dim(x, self.shape, [self.qa])
         queries_on_rows = self.qa == 0
+        if query_min:
+            low = jnp.minimum(self.rows.vec("pre_min"), gap_min)
+            return over_queries(low) - over_keys(self.cols.vec("psi"))
         if self.cfg.query_level:
             level = self.rows.vec("psi")
             folded = jnp.minimum(self.rows.vec("pre_min") - level, 0.0)
@@ -409,7 +423,7 @@ class Tile:
                            - over_keys(level))
 
     def logits_and_bias(self, scores, diagonal, diag_rows=None, diag_cols=None, gap_min=None,
-                        range_min=None):
+                        range_min=None, query_min=False):
         """Base-2 logits less the row's lse [n, n] (before masking: P = exp2 of them) and, for
         FPA, what the gradient pass needs: "gap", a function giving u = [dead] (R - level)
         (bias = beta u; off the diagonal it recomputes u, which is cheaper than keeping the
@@ -436,16 +450,18 @@ class Tile:
             bias = (self.beta * LOG2E) * gap
             extra = dict(gap=lambda: gap, gap_tile=gap)
         else:
-            bias = (self.beta * LOG2E) * self.level_gap(gap_min)
-            extra = dict(gap=functools.partial(self.level_gap, gap_min))
+            bias = (self.beta * LOG2E) * self.level_gap(gap_min, query_min)
+            extra = dict(gap=functools.partial(self.level_gap, gap_min, query_min))
         shifted = self.unbiased_logits(scores)
         return shifted if bias is None else bias + shifted, extra
 
-    def biased_probs(self, scores, *, diagonal, field_work, diag_rows, diag_cols, gap_min):
+    def biased_probs(self, scores, *, diagonal, field_work, diag_rows, diag_cols, gap_min,
+                     query_min=False):
         """(P [n, n] masked, extra of `logits_and_bias`); without field_work (a tile with no
         dead pair) the bias is 0 and extra None."""
         if field_work:
-            logits, extra = self.logits_and_bias(scores, diagonal, diag_rows, diag_cols, gap_min)
+            logits, extra = self.logits_and_bias(scores, diagonal, diag_rows, diag_cols, gap_min,
+                                                 query_min=query_min)
         else:
             logits, extra = self.unbiased_logits(scores), None
         return self.probs(logits, self.mask(diagonal)), extra
@@ -462,10 +478,11 @@ class Tile:
         p = jnp.exp2(logits)
         return p if mask is None else jnp.where(mask, p, 0.0)
 
-    def dead_coef(self, ds, gap):
+    def dead_coef(self, ds, gap, all_dead=False):
         """(coef / beta = [dead] dS, [dead] (R - level) dS) [n, n] from u = gap (masked pairs
-        have dS = 0); the callers apply beta to the sums."""
-        return jnp.where(gap < 0.0, ds, 0.0), gap * ds
+        have dS = 0; all_dead: a tile whose every pair is dead, coef = dS); the callers apply
+        beta to the sums."""
+        return ds if all_dead else jnp.where(gap < 0.0, ds, 0.0), gap * ds
 
     def exact_shares(self, coef, gap_min, gap_mass, keys=True, queries=True):
         """Per-pair soft-min shares of an off-diagonal tile, summed at once: (key side summed
@@ -684,9 +701,10 @@ def _field_sums(cfg, tile, p, ds, extra, field, col_acc, row_acc):
     side). Paths 1 / 2 of `_share_path` off the diagonal (separable, row-referenced; path 0
     tiles run as plain softmax tiles and never get here), the exact shares with query levels;
     a diagonal tile adds d level, d beta and pgap only (its shares:
-    backward_diagonal_kernel.py). field = (diagonal, path, r, (gap_min, gap_mass), add_gap);
-    add_gap(total) takes the tile's gap share (key side)."""
-    diagonal, path, r, (gap_min, gap_mass), add_gap = field
+    backward_diagonal_kernel.py). field = (diagonal, path, r, (gap_min, gap_mass), add_gap,
+    query_min); add_gap(total) takes the tile's gap share (key side); query_min: a path 3 tile
+    (every pair dead, the separable shares)."""
+    diagonal, path, r, (gap_min, gap_mass), add_gap, query_min = field
     beta = tile.beta
     keys, queries = col_acc is not None, row_acc is not None
     col_share = 1 if cfg.query_level else 2
@@ -696,7 +714,7 @@ def _field_sums(cfg, tile, p, ds, extra, field, col_acc, row_acc):
         """(col_acc, row_acc as lists with d level, d beta, pgap added, coef / beta)."""
         col_acc, row_acc = (None if acc is None else list(acc) for acc in accs)
         u = extra["gap"]()
-        coef, gap_ds = tile.dead_coef(ds, u)
+        coef, gap_ds = tile.dead_coef(ds, u, all_dead=query_min)
         if keys:
             at = 0
             if not cfg.query_level:
@@ -751,6 +769,8 @@ def _field_sums(cfg, tile, p, ds, extra, field, col_acc, row_acc):
 
     if diagonal or not cfg.separable:
         return exact((col_acc, row_acc))
+    if query_min:
+        return separable((col_acc, row_acc))
     return lax.cond(path == 1, separable, row_referenced, (col_acc, row_acc))
 
 
@@ -820,12 +840,13 @@ def dkv_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
             _advance_stream(fetch, bars, i + 1 < end, i + 1, slot)
             rows = Vectors(rowp_s.at[slot], row_names, axis=1)
 
-            def compute(state, r, path, field_work=True):
+            def compute(state, r, path, field_work=True, query_min=False):
                 dk, dv, col_acc = state
                 tile = Tile(cfg, 1, rows, cols, beta)
                 probs_of = functools.partial(tile.biased_probs, diagonal=diagonal,
                                              field_work=field_work, diag_rows=diag_rows,
-                                             diag_cols=diag_cols, gap_min=gap_min)
+                                             diag_cols=diag_cols, gap_min=gap_min,
+                                             query_min=query_min)
 
                 p, extra, dp, dv = _probs_and_dp(
                     cfg, cfg.overlap_dkv, probs_of, (k_s, q_s.at[slot].transpose((1, 0))),
@@ -836,7 +857,7 @@ def dkv_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
                 field = None
                 if fpa and field_work:
                     field = (diagonal, path, r, (gap_min, gap_mass),
-                             functools.partial(_add_gap_total, gap_s, i, n))
+                             functools.partial(_add_gap_total, gap_s, i, n), query_min)
 
                 def col_sums(col_acc):  # during dk's matmul
                     return _tile_sums(cfg, tile, p, ds, extra, field, col_acc, None)[0]
@@ -922,12 +943,13 @@ def dq_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
             _advance_stream(fetch, bars, j - 1 >= j_lo, j - 1, slot)
             cols = Vectors(colp_s.at[slot], col_names, axis=1)
 
-            def compute(state, r, path, field_work=True):
+            def compute(state, r, path, field_work=True, query_min=False):
                 dq, row_acc = state
                 tile = Tile(cfg, 0, rows, cols, beta)
                 probs_of = functools.partial(tile.biased_probs, diagonal=diagonal,
                                              field_work=field_work, diag_rows=diag_rows,
-                                             diag_cols=diag_cols, gap_min=gap_min)
+                                             diag_cols=diag_cols, gap_min=gap_min,
+                                             query_min=query_min)
 
                 p, extra, dp, _ = _probs_and_dp(
                     cfg, cfg.overlap_dq, probs_of, (q_s, k_s.at[slot].transpose((1, 0))),
@@ -936,7 +958,7 @@ def dq_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
 
                 field = None
                 if fpa and field_work:
-                    field = (diagonal, path, r, (gap_min, gap_mass), None)
+                    field = (diagonal, path, r, (gap_min, gap_mass), None, query_min)
 
                 def row_sums(row_acc):  # during dq's matmul
                     return _tile_sums(cfg, tile, p, ds, extra, field, None, row_acc)[1]

@@ -317,6 +317,26 @@ def test_fpa_tile_paths_chosen_per_tile_match_the_oracle():
     _assert_fpa_close(*_fpa_case(seed, 200, phi, psi))
 
 
+@pytest.mark.slow
+def test_fpa_query_minimum_tiles_match_the_oracle():
+    """FoX's fields (phi = psi = a walk of negative steps, fresh rates): every off-diagonal
+    tile has its range minimum on the query side and every pair dead, the query-minimum path
+    (3 of `_share_path`: u from one subtraction, coef = dS); a rise in the second half puts
+    the tiles after it back on the other paths in the same row. Then every pair dead but a dip
+    inside the first key block below every later field value: those keys' range minimum is
+    their own side, so their tiles must not take path 3."""
+    seed = case_seed(715)
+    keys = jax.random.split(jax.random.PRNGKey(seed), 2)
+    log_f = -jax.random.uniform(keys[0], (1, 200, 1), minval=0.01, maxval=0.3)
+    phi = jnp.cumsum(log_f, axis=1)
+    _assert_fpa_close(*_fpa_case(seed, 200, phi, phi))
+    rise = jnp.where(jnp.arange(200)[None, :, None] == 130, 4.0, 0.0)
+    phi = jnp.cumsum(log_f + rise, axis=1)
+    _assert_fpa_close(*_fpa_case(seed, 200, phi, phi + 0.1 * jax.random.normal(keys[1], phi.shape)))
+    dip = jnp.where(jnp.arange(200)[None, :, None] == 60, -10.0, 0.0)
+    _assert_fpa_close(*_fpa_case(seed, 200, dip, jnp.full_like(dip, 5.0)))
+
+
 def test_fpa_flat_fields_take_no_field_work():
     """phi = psi = 0: no key is ever dead, every off-diagonal tile skips the field work; the
     gradients are plain softmax attention's (dphi = dpsi = dbeta = 0). T = 200 as the tile
