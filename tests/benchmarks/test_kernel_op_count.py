@@ -1,7 +1,8 @@
-"""benchmarks/kernel_op_count.py: what it counts per MLIR operation, and that the ways it
-finds through the FPA sweeps order as the kernels' share paths do (no dead pair < query
-minimum < separable < row-referenced), each above the plain softmax tile; and, read from the
-lowered kernels, that the compiled shares take their reciprocal as one rcp.approx per pair."""
+"""benchmarks/kernel_op_count.py: what it counts per MLIR operation, and that it finds one way
+through the FPA sweeps per share path of a computed tile (dq: no dead pair, query minimum,
+separable, row-referenced; dk/dv without the query minimum), each above the plain softmax
+tile; and, read from the lowered kernels, that the compiled shares take their reciprocal as one
+rcp.approx per pair."""
 
 import pytest
 

@@ -116,7 +116,8 @@ def _per_block(x, n, reduce, real=None, fill=0.0):
 
 
 def _pruning_vectors(cfg, qp, kp, vectors, length):
-    """The per-block scalars of the forward's pruning test (forward.py), [B, H, Tp] each."""
+    """The per-block scalars of the forward's pruning test (forward.py), [B, H, Tp] each; with
+    key levels its lowest level per key block, kp, is one of the share paths' (prepare)."""
     n = cfg.block
     real = (jnp.arange(qp.shape[1]) < length)[None, None, :]
     q32 = jnp.moveaxis(qp.astype(jnp.float32), 1, 2)  # [B, H, Tp, D]
@@ -137,7 +138,6 @@ def _pruning_vectors(cfg, qp, kp, vectors, length):
         out["qp"] = _per_block(vectors["psi"], n, jnp.min, real, BIG)
     else:
         out["cmax"] = _per_block(vectors["pre_min"], n, jnp.max, real, -BIG)
-        out["kp"] = _per_block(vectors["psi"], n, jnp.min)
     return out
 
 

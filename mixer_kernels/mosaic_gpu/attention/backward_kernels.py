@@ -207,7 +207,7 @@ def _skip_tile(cfg, rows, cols, gap_min, beta):
     return bound + qn_kn < rows.scalar("dmin") - cfg.margin
 
 
-def _share_path(cfg, rows, cols, gap_min, query_min_path=True):
+def _share_path(cfg, rows, cols, gap_min, query_min_path):
     """Per off-diagonal FPA tile (level psi_s, gap minimum G): (r, path). r = min(alo_j, G,
     clo_i) is the lowest field value of any piece of the tile. path 0: no pair is dead, since
     R_ts - psi_s >= min(kap_j, min(G, clo_i) - kpmax_j) >= 0 (no field gradient); path 1:
@@ -224,8 +224,10 @@ def _share_path(cfg, rows, cols, gap_min, query_min_path=True):
     high = jnp.minimum(gap_min, rows.scalar("chi"))   # the largest min(G, C_t) of the tile
     spread = (high - r) * (1.0 / cfg.tau)
     floor = no_dead_floor(cols.scalar("kap"), cols.scalar("kpmax"), gap_min, clo)
-    query_min = (high <= cols.scalar("alo")) & (high < cols.scalar("kp"))
-    separable = jnp.where(query_min, 3, 1) if query_min_path else 1
+    separable = 1
+    if query_min_path:
+        query_min = (high <= cols.scalar("alo")) & (high < cols.scalar("kp"))
+        separable = jnp.where(query_min, 3, 1)
     path = jnp.where(floor >= 0.0, 0, jnp.where(spread <= SEPARABLE_SPREAD, separable, 2))
     return r, path
 
@@ -843,13 +845,12 @@ def dkv_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
             _advance_stream(fetch, bars, i + 1 < end, i + 1, slot)
             rows = Vectors(rowp_s.at[slot], row_names, axis=1)
 
-            def compute(state, r, path, field_work=True, query_min=False):
+            def compute(state, r, path, field_work=True):
                 dk, dv, col_acc = state
                 tile = Tile(cfg, 1, rows, cols, beta)
                 probs_of = functools.partial(tile.biased_probs, diagonal=diagonal,
                                              field_work=field_work, diag_rows=diag_rows,
-                                             diag_cols=diag_cols, gap_min=gap_min,
-                                             query_min=query_min)
+                                             diag_cols=diag_cols, gap_min=gap_min)
 
                 p, extra, dp, dv = _probs_and_dp(
                     cfg, cfg.overlap_dkv, probs_of, (k_s, q_s.at[slot].transpose((1, 0))),
@@ -860,7 +861,7 @@ def dkv_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
                 field = None
                 if fpa and field_work:
                     field = (diagonal, path, r, (gap_min, gap_mass),
-                             functools.partial(_add_gap_total, gap_s, i, n), query_min)
+                             functools.partial(_add_gap_total, gap_s, i, n), False)
 
                 def col_sums(col_acc):  # during dk's matmul
                     return _tile_sums(cfg, tile, p, ds, extra, field, col_acc, None)[0]

@@ -220,17 +220,15 @@ def forward_kernel(cfg: ForwardConfig, q, k, v, rowp, colp):
                     return rows.vec("row", 0, shape) - cols.vec("col", 1, shape)
                 if diagonal:
                     range_min = jnp.full(shape, BIG, jnp.float32)
-                    later = s_local < t_local
-                    # each level's pairs from the iotas, not from a tile of levels (31 -
-                    # clz(t ^ s), as the backward kernels): with that tile the H100 run of
-                    # 2026-12-05 compiled this kernel to 157 registers instead of 128 (the
-                    # tile, live over the six levels, is the suspect; not yet re-timed)
+                    # each pair s < t's dyadic level: the highest set bit of t XOR s (per-level
+                    # masks from the iotas instead took 167 registers against 157 on an H100,
+                    # docs/benchmarks.md "The query-minimum path")
+                    pair_levels = jnp.where(s_local < t_local,
+                                            31 - lax.clz(t_local ^ s_local), -1)
                     for level in range(cfg.levels):
-                        pair = ((t_local >> (level + 1)) == (s_local >> (level + 1))) & \
-                               ((t_local >> level) != (s_local >> level)) & later
                         piece = jnp.minimum(rows.vec(f"dsuf{level}", 1, shape),
                                             rows.vec(f"dpre{level}", 0, shape))
-                        range_min = jnp.where(pair, piece, range_min)
+                        range_min = jnp.where(pair_levels == level, piece, range_min)
                     level = rows.vec("psi", 0, shape) if cfg.query_level else rows.vec("dpsi", 1, shape)
                     return (beta * LOG2E) * jnp.minimum(range_min - level, 0.0)
                 # off the diagonal min(0, min(A_s, G, C_t) - level) as two operations per
