@@ -11,6 +11,11 @@ with w_X = exp(-(X - R_ts)/tau) and mass_ts = suf_mass(L, s) w_suf + pre_mass(L,
 Output [B, H, nb, 2 * levels, n] float32: the key sides of levels 0 .. levels-1, then the
 query sides. The dk/dv and dq sweeps take every other term of the diagonal tiles; keeping the
 six levels' work out of them saves their registers on every tile.
+
+With key levels a tile whose block has kap = min_s (A_s - psi_s) >= 0 (A_s the key's
+exclusive suffix minimum in the block) has no dead pair, since R_ts >= A_s for every pair of
+the block: coef = 0, so the program stores zeros and skips the tile's matmuls and elementwise
+work (flat fields and every stretch where no key is dead).
 """
 
 import jax
@@ -54,20 +59,36 @@ def diagonal_shares_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, c
         diag_cols = Vectors(cold_s, ["suf"], axis=1)
         beta_value = beta_s[0, 0]
         tile = Tile(cfg, 0, rows, cols, beta_value)
-        scores = None
-        if cfg.content:
-            scores = matmul(q_s, k_s.transpose((1, 0)), (n, n))
-        pair_levels = tile.pair_levels()
-        suf = tile.level_pieces(pair_levels, diag_cols, "suf")
-        pre = tile.level_pieces(pair_levels, diag_rows, "pre")
-        logits, extra = tile.logits_and_bias(scores, True, range_min=jnp.minimum(suf, pre))
-        p = tile.probs(logits, tile.mask(True))
-        dp = matmul(do_s, v_s.transpose((1, 0)), (n, n))
-        coef, _ = tile.dead_coef(p * (dp - tile.row("delta")), extra["gap"]())
-        key_sums, query_sums = tile.diagonal_shares(coef, pair_levels, suf, pre, diag_rows,
-                                                    diag_cols)
-        for index, total in enumerate(key_sums + query_sums):
-            out_s.at[index][...] = beta_value * total
+
+        def shares():
+            scores = None
+            if cfg.content:
+                scores = matmul(q_s, k_s.transpose((1, 0)), (n, n))
+            pair_levels = tile.pair_levels()
+            suf = tile.level_pieces(pair_levels, diag_cols, "suf")
+            pre = tile.level_pieces(pair_levels, diag_rows, "pre")
+            logits, extra = tile.logits_and_bias(scores, True, range_min=jnp.minimum(suf, pre))
+            p = tile.probs(logits, tile.mask(True))
+            dp = matmul(do_s, v_s.transpose((1, 0)), (n, n))
+            coef, _ = tile.dead_coef(p * (dp - tile.row("delta")), extra["gap"]())
+            key_sums, query_sums = tile.diagonal_shares(coef, pair_levels, suf, pre, diag_rows,
+                                                        diag_cols)
+            for index, total in enumerate(key_sums + query_sums):
+                out_s.at[index][...] = beta_value * total
+
+        if cfg.separable:   # key levels: kap >= 0 means no dead pair (module docstring)
+            no_dead = cols.scalar("kap") >= 0.0
+            zeros = plgpu.layout_cast(jnp.zeros((n,), jnp.float32),
+                                      plgpu.Layout.WGMMA.reduce(0))
+
+            @pl.when(no_dead)
+            def _():
+                for index in range(2 * levels):
+                    out_s.at[index][...] = zeros
+
+            pl.when(jnp.logical_not(no_dead))(shares)
+        else:
+            shares()
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(out_s, out_ref.at[b, h, i])
         plgpu.wait_smem_to_gmem(0)
