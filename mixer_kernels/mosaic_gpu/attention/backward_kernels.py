@@ -654,16 +654,12 @@ def _sweep_tile(cfg, compute, state, rows, cols, streamed, gap, beta, diagonal,
                 query_min_path=False):
     """(state, gap_min, gap_mass) past one tile: compute(state, r=, path=) off the diagonal by
     share path (`_share_path`, `_by_path`; the query-minimum path only with query_min_path),
-    not run where the forward pruned the tile; a diagonal tile with key levels runs as a plain
-    softmax tile where its block has no dead key (kap >= 0); the gap's minimum and mass then
-    take in the streamed block (off the diagonal, FPA)."""
+    not run where the forward pruned the tile; the gap's minimum and mass then take in the
+    streamed block (off the diagonal, FPA)."""
     gap_min, gap_mass = gap
     r = path = None
     if cfg.separable and not diagonal:
         r, path = _share_path(cfg, rows, cols, gap_min, query_min_path)
-    elif cfg.separable:   # kap >= 0: no pair of the diagonal tile is dead (R_ts >= A_s)
-        path = jnp.where(cols.scalar("kap") >= 0.0, 0, 1)
-        query_min_path = False
     run = _by_path(functools.partial(compute, r=r, path=path), path, query_min_path)
     if diagonal or not cfg.prunes:
         state = run(state)
