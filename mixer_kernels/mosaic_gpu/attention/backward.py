@@ -33,7 +33,8 @@ import jax.numpy as jnp
 from mixer_kernels.mosaic_gpu.attention import fields, fields_kernels
 from mixer_kernels.mosaic_gpu.attention.bias import FPABias, NoBias, SeparableBias
 from mixer_kernels.mosaic_gpu.attention.common import (BIG, BLOCK, LOG2E, SUPPORTED_HEAD_DIMS,
-                                                        dead_key_bounds, decay, pack_rows)
+                                                        dead_key_bounds, decay, pack_rows,
+                                                        pruning_norms)
 from mixer_kernels.mosaic_gpu.attention.backward_diagonal_kernel import diagonal_shares_kernel
 from mixer_kernels.mosaic_gpu.attention.backward_kernels import (KernelConfig, dkv_kernel, dq_kernel,
                                                            pack_layout)
@@ -120,14 +121,11 @@ def _pruning_vectors(cfg, qp, kp, vectors, length):
     key levels its lowest level per key block, kp, is one of the share paths' (prepare)."""
     n = cfg.block
     real = (jnp.arange(qp.shape[1]) < length)[None, None, :]
-    q32 = jnp.moveaxis(qp.astype(jnp.float32), 1, 2)  # [B, H, Tp, D]
-    k32 = jnp.moveaxis(kp.astype(jnp.float32), 1, 2)
     if cfg.content:
-        diag = cfg.scale * jnp.sum(q32 * k32, axis=-1)
-        qn = cfg.scale * jnp.sqrt(jnp.sum(q32 * q32, axis=-1))
-        kn = jnp.sqrt(jnp.sum(k32 * k32, axis=-1))
+        diag, qn, kn = pruning_norms(qp, kp, cfg.scale)
     else:
-        diag = qn = kn = jnp.zeros(q32.shape[:-1], jnp.float32)
+        batch, padded, heads, _ = qp.shape
+        diag = qn = kn = jnp.zeros((batch, heads, padded), jnp.float32)
     out = {"dmin": _per_block(diag, n, jnp.min, real, BIG), "qn": _per_block(qn, n, jnp.max),
            "kn": _per_block(kn, n, jnp.max)}
     if cfg.mode == "separable":

@@ -23,6 +23,9 @@
     per_block(body, name, out_type, scratch, grid_shape, block_axis)   plgpu.kernel with one
                          program per (head "h", block `block_axis`, batch "b") of
                          grid_shape = (B, H, nb), named `name` in profiles
+    pruning_norms(qp, kp, scale)   per position scale <q_t, k_t>, scale |q_t|, |k_t|, each
+                         [B, H, Tp] float32, from qp, kp [B, Tp, H, D]: the pruning test's
+                         per-block scalars come from them (forward.py, backward.py)
     dead_key_bounds, no_dead_floor   the bound under which an off-diagonal FPA tile (level
                          psi_s) has no dead pair: R_ts - psi_s >= min(A_s - psi_s, G - psi_s,
                          C_t - psi_s) >= min(kap_j, min(G, clo_i) - kpmax_j)
@@ -81,6 +84,17 @@ def reciprocal(x):
         return tile._pointwise(mgpu.FragmentedArray._lift_fast_instr("rcp.approx.ftz.f32"))
 
     return approximate(x)
+
+
+def pruning_norms(qp, kp, scale):
+    """(scale <q_t, k_t>, scale |q_t|, |k_t|), each [B, H, Tp] float32, from qp, kp
+    [B, Tp, H, D]. Reduced over D where it is contiguous and only the [B, Tp, H] results moved
+    heads-major: moving the [B, Tp, H, D] operands first made XLA write a transposed float32
+    copy of each (three of them, per call of each pass)."""
+    q32, k32 = qp.astype(jnp.float32), kp.astype(jnp.float32)
+    norms = (scale * jnp.sum(q32 * k32, axis=-1), scale * jnp.sqrt(jnp.sum(q32 * q32, axis=-1)),
+             jnp.sqrt(jnp.sum(k32 * k32, axis=-1)))
+    return tuple(jnp.moveaxis(x, 1, 2) for x in norms)
 
 
 def dead_key_bounds(suffix_min, psi, n):

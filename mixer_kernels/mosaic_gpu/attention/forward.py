@@ -37,7 +37,7 @@ import jax.numpy as jnp
 
 from mixer_kernels.mosaic_gpu.attention.bias import FPABias, NoBias, SeparableBias
 from mixer_kernels.mosaic_gpu.attention.common import (BIG, BLOCK, SUPPORTED_HEAD_DIMS,
-                                                        dead_key_bounds, pack_rows)
+                                                        dead_key_bounds, pack_rows, pruning_norms)
 from mixer_kernels.mosaic_gpu.attention.fields import at_block_ends, statistics
 from mixer_core.interpret import interpret_active
 from mixer_core.padding import pad_time, padded_length
@@ -136,12 +136,8 @@ def attention_forward(q, k, v, bias=NoBias(), *, scale: float,
         starts = document_start_index(segment_ids, padded)
         vec["start"] = jnp.broadcast_to(starts[:, None, :], (batch, heads, padded))
     if prune:
-        q32 = jnp.moveaxis(qp.astype(jnp.float32), 1, 2)  # [B, H, Tp, D]
-        k32 = jnp.moveaxis(kp.astype(jnp.float32), 1, 2)
         if content:
-            diag = cfg.scale * jnp.sum(q32 * k32, axis=-1)
-            qn = cfg.scale * jnp.sqrt(jnp.sum(q32 * q32, axis=-1))
-            kn = jnp.sqrt(jnp.sum(k32 * k32, axis=-1))
+            diag, qn, kn = pruning_norms(qp, kp, cfg.scale)
         else:
             diag = qn = kn = jnp.zeros((batch, heads, padded), jnp.float32)
         vec["dmin"] = _per_block(_masked_block(diag, real, n, jnp.min, BIG), n)

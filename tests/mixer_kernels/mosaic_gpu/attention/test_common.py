@@ -1,6 +1,6 @@
 """The attention kernels' shared helpers (mixer_kernels/mosaic_gpu/attention/common.py) against
-loops over their definitions: the block packs, the launch sizes, the reciprocal, and the
-no-dead-pair floor that lets an off-diagonal FPA tile skip its bias (checked against the
+loops over their definitions: the block packs, the launch sizes, the reciprocal, the pruning
+test's per-position norms, and the no-dead-pair floor that lets an off-diagonal FPA tile skip its bias (checked against the
 dense range minimum R_ts = min phi over (s, t] on random fields, ties and flat stretches)."""
 
 import numpy as np
@@ -9,7 +9,7 @@ import jax.numpy as jnp
 
 from mixer_core.interpret import gpu_interpret
 from mixer_kernels.mosaic_gpu.attention.common import (
-    BIG, dead_key_bounds, launch_sizes, no_dead_floor, pack_rows, reciprocal)
+    BIG, dead_key_bounds, launch_sizes, no_dead_floor, pack_rows, pruning_norms, reciprocal)
 from tests.seeds import case_seed
 
 
@@ -31,6 +31,18 @@ def test_pack_rows_puts_each_blocks_rows_together():
 def test_launch_sizes_reads_the_grid_from_q():
     q = jnp.zeros((2, 24, 3, 16))
     assert launch_sizes(_Config(), q) == (2, 3, 16, 8, 3)
+
+
+def test_pruning_norms_are_per_position_and_heads_major():
+    """bf16 q, k [B, T, H, D] -> scale <q_t, k_t>, scale |q_t|, |k_t| at [b, h, t]."""
+    rng = np.random.default_rng(case_seed(945))
+    q, k = (jnp.asarray(rng.standard_normal((2, 5, 3, 8)), jnp.bfloat16) for _ in range(2))
+    diag, qn, kn = (np.asarray(x) for x in pruning_norms(q, k, 0.5))
+    q64, k64 = (np.asarray(x, np.float64) for x in (q, k))
+    for b, t, h in np.ndindex(2, 5, 3):
+        np.testing.assert_allclose(diag[b, h, t], 0.5 * q64[b, t, h] @ k64[b, t, h], rtol=1e-6)
+        np.testing.assert_allclose(qn[b, h, t], 0.5 * np.linalg.norm(q64[b, t, h]), rtol=1e-6)
+        np.testing.assert_allclose(kn[b, h, t], np.linalg.norm(k64[b, t, h]), rtol=1e-6)
 
 
 def test_reciprocal_is_one_over_x_across_the_float32_range():
