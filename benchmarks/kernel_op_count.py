@@ -22,8 +22,8 @@ out.
 A sweep's loop body branches (`lax.cond` / `lax.switch` lower to `scf.index_switch`): a tile
 is skipped or computed, and an off-diagonal FPA tile takes one of four share paths (no dead
 pair, query minimum, separable, row-referenced;
-mixer_kernels/mosaic_gpu/attention/backward_kernels.py `_share_path`). Each row of the table is one way through the loop body, its branches named
-by their position (`b1.0` = the second switch's first branch), with the operations counted
+mixer_kernels/mosaic_gpu/attention/backward_kernels.py `_share_path`). Each row of the table
+is one way through the loop body, its branches named by their position (`b1.0` = the second switch's first branch), with the operations counted
 along that way. The table shows where the elementwise work of a tile is and how a change to
 a kernel moves it, before any GPU time is spent; it does not time anything (register
 pressure, latency and the matmuls are not in it).

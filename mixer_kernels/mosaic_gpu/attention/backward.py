@@ -117,8 +117,9 @@ def _per_block(x, n, reduce, real=None, fill=0.0):
 
 
 def _pruning_vectors(cfg, qp, kp, vectors, length):
-    """The per-block scalars of the forward's pruning test (forward.py), [B, H, Tp] each; with
-    key levels its lowest level per key block, kp, is one of the share paths' (prepare)."""
+    """The per-block scalars of the forward's pruning test (forward.py), [B, H, Tp] each; its
+    key-level bound also reads kp, the key block's lowest level, which prepare forms for the
+    share paths."""
     n = cfg.block
     real = (jnp.arange(qp.shape[1]) < length)[None, None, :]
     if cfg.content:

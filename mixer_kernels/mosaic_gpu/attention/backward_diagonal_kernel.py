@@ -25,7 +25,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from mixer_kernels.mosaic_gpu.attention.backward_kernels import KernelConfig, Tile, Vectors, packed_rows
-from mixer_kernels.mosaic_gpu.attention.common import launch_sizes, per_block
+from mixer_kernels.mosaic_gpu.attention.common import launch_sizes, per_block, zeros
 from mixer_kernels.mosaic_gpu.common import matmul, swizzled_smem
 
 
@@ -78,13 +78,12 @@ def diagonal_shares_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, c
 
         if cfg.separable:   # key levels: kap >= 0 means no dead pair (module docstring)
             no_dead = cols.scalar("kap") >= 0.0
-            zeros = plgpu.layout_cast(jnp.zeros((n,), jnp.float32),
-                                      plgpu.Layout.WGMMA.reduce(0))
+            nothing = zeros((n,), plgpu.Layout.WGMMA.reduce(0))
 
             @pl.when(no_dead)
             def _():
                 for index in range(2 * levels):
-                    out_s.at[index][...] = zeros
+                    out_s.at[index][...] = nothing
 
             pl.when(jnp.logical_not(no_dead))(shares)
         else:

@@ -61,7 +61,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from mixer_kernels.mosaic_gpu.attention.common import (
-    BIG, BLOCK, LOG2E, launch_sizes, no_dead_floor, per_block, reciprocal)
+    BIG, BLOCK, LOG2E, launch_sizes, no_dead_floor, pair_levels, per_block, reciprocal, zeros)
 from mixer_kernels.mosaic_gpu.attention.common import decay
 from mixer_kernels.mosaic_gpu.common import matmul, swizzled_smem
 
@@ -320,10 +320,6 @@ def _store_rows(pack_s, vectors):
         pack_s.at[index][...] = vector
 
 
-def _zeros(shape, layout):
-    return plgpu.layout_cast(jnp.zeros(shape, jnp.float32), layout)
-
-
 class Tile:
     """Elementwise work of one n x n tile. query_axis: 1 in `dkv` ([s, t]), 0 in `dq` ([t, s])."""
 
@@ -362,8 +358,7 @@ class Tile:
         2^L <= t XOR s < 2^(L+1) (t and s share their bits above L and differ at L), the
         highest set bit of t XOR s, 31 - clz (one count-leading-zeros instruction). One
         integer tile; a level's mask is `levels == L` where it is used."""
-        level = 31 - lax.clz(self.t_local ^ self.s_local)
-        return jnp.where(self.s_local < self.t_local, level, -1)
+        return pair_levels(self.t_local, self.s_local)
 
     def level_pieces(self, pair_levels, vectors, name, first_row=0):
         """[n, n]: each pair's row `first_row + level` of the packed level vectors `name`
@@ -388,7 +383,7 @@ class Tile:
         """u = min(0, R - level) [n, n] of an off-diagonal FPA tile (< 0 where the key is
         dead): two operations per pair, as min(x, a - level) with everything else folded into
         vectors first; one (a subtraction) on a query-minimum tile (query_min, path 3 of
-        `_share_path`: key levels, u = C'_t - psi_s). With A'_s = min(A_s, G), C'_t = min(C_t, G):
+        `_share_path`, taken by dq with key levels: u = C'_t - psi_s). With A'_s = min(A_s, G), C'_t = min(C_t, G):
 
             key level psi_s:    u = min(min(key_gap_s, G - psi_s), C_t - psi_s)     (dk/dv)
                                 u = min(key_gap_s, C'_t - psi_s)                     (dq)
@@ -404,9 +399,6 @@ class Tile:
         over_keys = lambda x: lax.broadcast_in_dim(x, self.shape, [self.ka])
         over_queries = lambda x: lax.broadcast_in_dim(x, self.shape, [self.qa])
         queries_on_rows = self.qa == 0
-        if query_min:
-            low = jnp.minimum(self.rows.vec("pre_min"), gap_min)
-            return over_queries(low) - over_keys(self.cols.vec("psi"))
         if self.cfg.query_level:
             level = self.rows.vec("psi")
             folded = jnp.minimum(self.rows.vec("pre_min") - level, 0.0)
@@ -419,8 +411,10 @@ class Tile:
         level = self.cols.vec("psi")
         if queries_on_rows:
             low = jnp.minimum(self.rows.vec("pre_min"), gap_min)
-            return jnp.minimum(over_keys(self.cols.vec("key_gap")),
-                               over_queries(low) - over_keys(level))
+            query_side = over_queries(low) - over_keys(level)
+            if query_min:
+                return query_side
+            return jnp.minimum(over_keys(self.cols.vec("key_gap")), query_side)
         folded = jnp.minimum(self.cols.vec("key_gap"), gap_min - level)
         return jnp.minimum(over_keys(folded), over_queries(self.rows.vec("pre_min"))
                            - over_keys(level))
@@ -833,7 +827,7 @@ def dkv_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
         diag_rows = Vectors(rowd_s, ["pre"], axis=1) if fpa else None
         if gap_s is not None:
             for c in range(chunks):
-                gap_s.at[c][...] = _zeros((n,), plgpu.Layout.WGMMA.reduce(0))
+                gap_s.at[c][...] = zeros((n,), plgpu.Layout.WGMMA.reduce(0))
 
         if cfg.skips and cfg.segments:  # query blocks past the key block's last document
             end = jnp.minimum(nb, lax.div(cols.scalar("dend").astype(jnp.int32), n) + 1)
@@ -875,8 +869,8 @@ def dkv_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
             return _sweep_tile(cfg, compute, state, rows, cols, rows, (gap_min, gap_mass), beta,
                                diagonal)
 
-        zeros_tile = _zeros((n, head_dim), plgpu.Layout.WGMMA)
-        col_acc = tuple(_zeros((n,), plgpu.Layout.WGMMA.reduce(1)) for _ in out_names)
+        zeros_tile = zeros((n, head_dim), plgpu.Layout.WGMMA)
+        col_acc = tuple(zeros((n,), plgpu.Layout.WGMMA.reduce(1)) for _ in out_names)
         carry = ((zeros_tile, zeros_tile, col_acc), *_initial_gap(cfg))
         carry = step(j, lax.rem(j, 1), carry, diagonal=True)  # slot 0, traced (_accumulate)
         carry = lax.fori_loop(j + 1, end,
@@ -979,8 +973,8 @@ def dq_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
             return _sweep_tile(cfg, compute, state, rows, cols, cols, (gap_min, gap_mass), beta,
                                diagonal, query_min_path=True)
 
-        zeros_tile = _zeros((n, head_dim), plgpu.Layout.WGMMA)
-        row_acc = tuple(_zeros((n,), plgpu.Layout.WGMMA.reduce(1)) for _ in out_names)
+        zeros_tile = zeros((n, head_dim), plgpu.Layout.WGMMA)
+        row_acc = tuple(zeros((n,), plgpu.Layout.WGMMA.reduce(1)) for _ in out_names)
         carry = step(i, lax.rem(i, 1), ((zeros_tile, row_acc), *_initial_gap(cfg)),
                      diagonal=True)  # slot 0, traced (_accumulate)
 

@@ -23,6 +23,9 @@
     per_block(body, name, out_type, scratch, grid_shape, block_axis)   plgpu.kernel with one
                          program per (head "h", block `block_axis`, batch "b") of
                          grid_shape = (B, H, nb), named `name` in profiles
+    zeros(shape, layout) a float32 zero array in a register layout
+    pair_levels(t, s)    each pair s < t's dyadic level in a diagonal tile (int32 tiles of the
+                         query and key positions): the highest set bit of t XOR s, -1 elsewhere
     pruning_norms(qp, kp, scale)   per position scale <q_t, k_t>, scale |q_t|, |k_t|, each
                          [B, H, Tp] float32, from qp, kp [B, Tp, H, D]: the pruning test's
                          per-block scalars come from them (forward.py, backward.py)
@@ -84,6 +87,18 @@ def reciprocal(x):
         return tile._pointwise(mgpu.FragmentedArray._lift_fast_instr("rcp.approx.ftz.f32"))
 
     return approximate(x)
+
+
+def zeros(shape, layout):
+    """A float32 zero array of `shape` in the register layout `layout`."""
+    return plgpu.layout_cast(jnp.zeros(shape, jnp.float32), layout)
+
+
+def pair_levels(t, s):
+    """The dyadic level of each pair s < t of a diagonal tile, -1 elsewhere (t, s: int32 tiles
+    of the query and key positions in the block): L with 2^L <= t XOR s < 2^(L + 1), the
+    highest set bit of t XOR s, as 31 - clz (one count-leading-zeros instruction)."""
+    return jnp.where(s < t, 31 - lax.clz(t ^ s), -1)
 
 
 def pruning_norms(qp, kp, scale):

@@ -51,7 +51,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from mixer_kernels.mosaic_gpu.attention.common import (BIG, BLOCK, LOG2E, launch_sizes,
-                                                       no_dead_floor, per_block)
+                                                       no_dead_floor, pair_levels, per_block)
 from mixer_kernels.mosaic_gpu.common import matmul, swizzled_smem
 
 LN2 = math.log(2.0)
@@ -223,12 +223,11 @@ def forward_kernel(cfg: ForwardConfig, q, k, v, rowp, colp):
                     # each pair s < t's dyadic level: the highest set bit of t XOR s (per-level
                     # masks from the iotas instead took 167 registers against 157 on an H100,
                     # docs/benchmarks.md "The query-minimum path")
-                    pair_levels = jnp.where(s_local < t_local,
-                                            31 - lax.clz(t_local ^ s_local), -1)
+                    levels = pair_levels(t_local, s_local)
                     for level in range(cfg.levels):
                         piece = jnp.minimum(rows.vec(f"dsuf{level}", 1, shape),
                                             rows.vec(f"dpre{level}", 0, shape))
-                        range_min = jnp.where(pair_levels == level, piece, range_min)
+                        range_min = jnp.where(levels == level, piece, range_min)
                     level = rows.vec("psi", 0, shape) if cfg.query_level else rows.vec("dpsi", 1, shape)
                     return (beta * LOG2E) * jnp.minimum(range_min - level, 0.0)
                 # off the diagonal min(0, min(A_s, G, C_t) - level) as two operations per

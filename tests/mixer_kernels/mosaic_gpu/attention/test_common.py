@@ -1,7 +1,8 @@
 """The attention kernels' shared helpers (mixer_kernels/mosaic_gpu/attention/common.py) against
 loops over their definitions: the block packs, the launch sizes, the reciprocal, the pruning
-test's per-position norms, and the no-dead-pair floor that lets an off-diagonal FPA tile skip its bias (checked against the
-dense range minimum R_ts = min phi over (s, t] on random fields, ties and flat stretches)."""
+test's per-position norms, and the no-dead-pair floor that lets an off-diagonal FPA tile skip
+its bias (checked against the dense range minimum R_ts = min phi over (s, t] on random fields,
+ties and flat stretches)."""
 
 import numpy as np
 import pytest
