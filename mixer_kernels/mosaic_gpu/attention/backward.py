@@ -34,7 +34,7 @@ from mixer_kernels.mosaic_gpu.attention import fields, fields_kernels
 from mixer_kernels.mosaic_gpu.attention.bias import FPABias, NoBias, SeparableBias
 from mixer_kernels.mosaic_gpu.attention.common import (BIG, BLOCK, LOG2E, SUPPORTED_HEAD_DIMS,
                                                         dead_key_bounds, decay, pack_rows,
-                                                        pruning_norms)
+                                                        pruning_norms, row_dots)
 from mixer_kernels.mosaic_gpu.attention.backward_diagonal_kernel import diagonal_shares_kernel
 from mixer_kernels.mosaic_gpu.attention.backward_kernels import (KernelConfig, dkv_kernel, dq_kernel,
                                                            pack_layout)
@@ -149,7 +149,7 @@ def prepare(cfg, q, k, v, out, lse, dout, bias, segment_ids):
     time_pad = lambda x: pad_time(x, padded, 1)
     qp, kp, vp = (time_pad(x) for x in (q, k, v))
     dop = time_pad(dout.astype(q.dtype))
-    delta = jnp.einsum("bthd,bthd->bht", dout.astype(jnp.float32), out.astype(jnp.float32))
+    delta = row_dots(dout, out)
     vectors = {"lse": pad_time(lse.astype(jnp.float32), padded, 2, jnp.inf),
                "delta": pad_time(delta, padded, 2)}
     if segment_ids is not None:

@@ -26,6 +26,9 @@
     zeros(shape, layout) a float32 zero array in a register layout
     pair_levels(t, s)    each pair s < t's dyadic level in a diagonal tile (int32 tiles of the
                          query and key positions): the highest set bit of t XOR s, -1 elsewhere
+    row_dots(a, b)       per position sum_d a * b in float32, [B, T, H, D] -> [B, H, T]
+                         (the backward's delta = <dout_t, out_t>)
+    heads_major_sums(*terms)   [B, T, H] sums -> [B, H, T], fenced off from the transpose
     pruning_norms(qp, kp, scale)   per position scale <q_t, k_t>, scale |q_t|, |k_t|, each
                          [B, H, Tp] float32, from qp, kp [B, Tp, H, D]: the pruning test's
                          per-block scalars come from them (forward.py, backward.py)
@@ -101,15 +104,29 @@ def pair_levels(t, s):
     return jnp.where(s < t, 31 - lax.clz(t ^ s), -1)
 
 
+def heads_major_sums(*terms):
+    """[B, Tp, H] float32 row sums -> [B, H, Tp] each. The sums are fenced off
+    (optimization_barrier) before they move heads-major: otherwise XLA fuses the reduction over
+    D into the transposing fusion that packs the kernels' rows, which then reads its
+    [B, Tp, H, D] operands without coalescing (0.1 ms per call at (8, 2048, 12, 64) on an
+    H100, as long as a tenth of the attention backward)."""
+    return tuple(jnp.moveaxis(x, 1, 2) for x in lax.optimization_barrier(terms))
+
+
+def row_dots(a, b):
+    """sum_d a[b, t, h, d] * b[b, t, h, d] in float32, [B, T, H, D] -> [B, H, T]."""
+    return heads_major_sums(jnp.sum(a.astype(jnp.float32) * b.astype(jnp.float32), axis=-1))[0]
+
+
 def pruning_norms(qp, kp, scale):
     """(scale <q_t, k_t>, scale |q_t|, |k_t|), each [B, H, Tp] float32, from qp, kp
     [B, Tp, H, D]. Reduced over D where it is contiguous and only the [B, Tp, H] results moved
-    heads-major: moving the [B, Tp, H, D] operands first made XLA write a transposed float32
-    copy of each (three of them, per call of each pass)."""
+    heads-major (heads_major_sums): moving the [B, Tp, H, D] operands first made XLA write a
+    transposed float32 copy of each."""
     q32, k32 = qp.astype(jnp.float32), kp.astype(jnp.float32)
-    norms = (scale * jnp.sum(q32 * k32, axis=-1), scale * jnp.sqrt(jnp.sum(q32 * q32, axis=-1)),
-             jnp.sqrt(jnp.sum(k32 * k32, axis=-1)))
-    return tuple(jnp.moveaxis(x, 1, 2) for x in norms)
+    return heads_major_sums(scale * jnp.sum(q32 * k32, axis=-1),
+                            scale * jnp.sqrt(jnp.sum(q32 * q32, axis=-1)),
+                            jnp.sqrt(jnp.sum(k32 * k32, axis=-1)))
 
 
 def dead_key_bounds(suffix_min, psi, n):

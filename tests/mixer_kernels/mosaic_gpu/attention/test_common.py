@@ -6,11 +6,13 @@ ties and flat stretches)."""
 
 import numpy as np
 import pytest
+import jax
 import jax.numpy as jnp
 
 from mixer_core.interpret import gpu_interpret
 from mixer_kernels.mosaic_gpu.attention.common import (
-    BIG, dead_key_bounds, launch_sizes, no_dead_floor, pack_rows, pruning_norms, reciprocal)
+    BIG, dead_key_bounds, launch_sizes, no_dead_floor, pack_rows, pruning_norms, reciprocal,
+    row_dots)
 from tests.seeds import case_seed
 
 
@@ -44,6 +46,20 @@ def test_pruning_norms_are_per_position_and_heads_major():
         np.testing.assert_allclose(diag[b, h, t], 0.5 * q64[b, t, h] @ k64[b, t, h], rtol=1e-6)
         np.testing.assert_allclose(qn[b, h, t], 0.5 * np.linalg.norm(q64[b, t, h]), rtol=1e-6)
         np.testing.assert_allclose(kn[b, h, t], np.linalg.norm(k64[b, t, h]), rtol=1e-6)
+
+
+def test_row_dots_are_per_position_heads_major_and_reduced_before_the_transpose():
+    """<a_t, b_t> over D at [b, h, t]; the reduction is fenced off from the move to heads-major
+    (an optimization_barrier in the program), so XLA cannot fuse it into a transposing pass."""
+    rng = np.random.default_rng(case_seed(946))
+    a = jnp.asarray(rng.standard_normal((2, 5, 3, 8)), jnp.float32)
+    b = jnp.asarray(rng.standard_normal((2, 5, 3, 8)), jnp.bfloat16)
+    dots = np.asarray(row_dots(a, b))
+    a64, b64 = (np.asarray(x, np.float64) for x in (a, b))
+    for i, t, h in np.ndindex(2, 5, 3):
+        np.testing.assert_allclose(dots[i, h, t], a64[i, t, h] @ b64[i, t, h], rtol=1e-5)
+    for fn in (lambda: row_dots(a, b), lambda: pruning_norms(a, a, 0.5)):
+        assert "optimization_barrier" in str(jax.make_jaxpr(fn)())
 
 
 def test_reciprocal_is_one_over_x_across_the_float32_range():
