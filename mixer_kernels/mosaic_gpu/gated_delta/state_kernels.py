@@ -6,7 +6,8 @@ Forward (`forward_states`), per value head and chunk c = 0 .. N-1, entering stat
 
     Kw_c = diag(write decay) K_c, W_c [C, K] (16-bit), U_c [C, V] float32, rho_c scalar
 
-returns every entering state S_c [N, B, HV, K, V] and S_N [B, HV, K, V] (float32).
+returns every entering state S_c [N, B, HV, K, V] (float32, or the operand dtype) and S_N
+[B, HV, K, V] (float32).
 
 Backward (`backward_states`), the reverse recurrence of the cotangents, lambda_N = dS_N:
 
@@ -153,8 +154,10 @@ def _load_head(rho_ref, rho_smem, state_ref, state_smem, arrived, b, head, colum
     plgpu.copy_gmem_to_smem(state_ref.at[b, head, :, columns], state_smem, arrived)
 
 
-def forward_states(kw, w, u, rho, s0, *, tiling: Tiling, interpret=None):
-    """Entering states of all chunks and the final state; see the module docstring."""
+def forward_states(kw, w, u, rho, s0, *, tiling: Tiling, states_16bit=False, interpret=None):
+    """Entering states of all chunks and the final state; see the module docstring.
+    states_16bit: the entering states leave in the operand dtype (as rounded for the products),
+    not float32; the final state stays float32."""
     num_chunks, batch, num_v_heads, chunk, key_dim = w.shape
     vt = tiling.value_tile
     op_dtype = w.dtype
@@ -184,7 +187,8 @@ def forward_states(kw, w, u, rho, s0, *, tiling: Tiling, interpret=None):
             state_smem[...] = state
             state16_smem[...] = state.astype(op_dtype)
             plgpu.commit_smem()
-            plgpu.copy_smem_to_gmem(state_smem, states_ref.at[c, b, head, :, columns])
+            plgpu.copy_smem_to_gmem(state16_smem if states_16bit else state_smem,
+                                    states_ref.at[c, b, head, :, columns])
             predicted = matmul(w_smem.at[slot], state16_smem, (chunk, vt))
             vnew16_smem[...] = (u_smem.at[slot][...] - predicted).astype(op_dtype)
             plgpu.commit_smem()
@@ -200,7 +204,7 @@ def forward_states(kw, w, u, rho, s0, *, tiling: Tiling, interpret=None):
 
     swizzle = _operand_swizzle(tiling, op_dtype)
     out_type = (jax.ShapeDtypeStruct((num_chunks, batch, num_v_heads, key_dim, tiling.value_dim),
-                                     jnp.float32),
+                                     op_dtype if states_16bit else jnp.float32),
                 jax.ShapeDtypeStruct((batch, num_v_heads, key_dim, tiling.value_dim), jnp.float32))
     scratch = (
         *_stream_scratch(chunk, key_dim, chunk, vt, rho.shape[-1], op_dtype, swizzle),

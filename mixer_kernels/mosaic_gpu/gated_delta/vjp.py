@@ -25,8 +25,8 @@ the reverse recurrence in `state_kernels.backward_states` and forms, batched ove
 Residuals (`RESIDUALS = "inputs"`, the default): only the inputs; the whole forward runs
 again in the backward pass, behind an optimization barrier so that XLA cannot merge it with
 the forward pass's identical kernel calls (which would keep their outputs alive after all).
-With `RESIDUALS = "internals"`: the entering states [N, B, HV, K, V] float32 (as the "xla"
-path saves), the inputs (q padded), W, Kw, P (16-bit), U (float32) and the decays e;
+With `RESIDUALS = "internals"`: the entering states [N, B, HV, K, V] (float32 as the "xla"
+path saves, or 16-bit where only kernels read them: `kernels_take_all_states`), the inputs (q padded), W, Kw, P (16-bit), U (float32) and the decays e;
 (I + A)^{-1} and the outputs (`chunk_outputs`) are recomputed in the backward pass.
 Matrix operands of the kernels are 16-bit (bf16/f16: the dtype of q and k); float32 inputs run
 only in interpret mode (tests), with float32 operands.
@@ -132,11 +132,12 @@ def _folding_batch_axes(kernel, in_axes, out_axes):
 
 
 @functools.cache
-def _forward_states(tiling):
+def _forward_states(tiling, states_16bit):
     """The forward state kernel for one tiling, batchable by vmap, behind one jax.jit, so the
     layers of a model share one traced program, lowered once per step."""
     return _folding_batch_axes(
-        jax.jit(functools.partial(state_kernels.forward_states, tiling=tiling)),
+        jax.jit(functools.partial(state_kernels.forward_states, tiling=tiling,
+                                  states_16bit=states_16bit)),
         in_axes=(1, 1, 1, 0, 0), out_axes=(1, 0))
 
 
@@ -197,20 +198,33 @@ def _product_16_bwd(spec, operands, a_dtype, b_dtype, residuals, cotangent):
 _product_16.defvjp(_product_16_fwd, _product_16_bwd)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
-def state_recurrence(kw, w, u, rho, s0, tiling):
-    """(entering states [N, B, HV, K, V], final state [B, HV, K, V]); see module docstring."""
-    return _forward_states(tiling)(kw, w, u, rho, s0)
+def kernels_take_all_states(key_dim, value_dim):
+    """Whether every reader of the entering states is a kernel that rounds them to 16 bits
+    (the chunk outputs and their backward, the state gradients): then the forward state kernel
+    writes them in 16 bits, and no float32 copy is written, kept or converted."""
+    return (OUTPUTS == "pallas" and STATE_GRADIENTS == "pallas"
+            and output_kernels.fits(key_dim, value_dim, backward=False)
+            and output_kernels.fits(key_dim, value_dim, backward=True)
+            and state_gradient_kernel.fits(key_dim, value_dim))
 
 
-def _state_recurrence_fwd(kw, w, u, rho, s0, tiling):
-    states, final = _forward_states(tiling)(kw, w, u, rho, s0)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
+def state_recurrence(kw, w, u, rho, s0, tiling, states_16bit=False):
+    """(entering states [N, B, HV, K, V] float32, or in W's dtype with states_16bit, final
+    state [B, HV, K, V] float32); see module docstring. With 16-bit states the cotangent of
+    the states may come in float32 (the chunk outputs' backward sums in float32)."""
+    return _forward_states(tiling, states_16bit)(kw, w, u, rho, s0)
+
+
+def _state_recurrence_fwd(kw, w, u, rho, s0, tiling, states_16bit):
+    states, final = _forward_states(tiling, states_16bit)(kw, w, u, rho, s0)
     return (states, final), (kw, w, u, rho, states)
 
 
-def _state_recurrence_bwd(tiling, residuals, cotangents):
+def _state_recurrence_bwd(tiling, states_16bit, residuals, cotangents):
     kw, w, u, rho, states = residuals
     d_states, d_final = cotangents
+    d_states = d_states.astype(jnp.float32)   # float32 from the outputs' backward already
     if STATE_GRADIENTS not in ("pallas", "xla"):
         raise ValueError(f"STATE_GRADIENTS: expected 'pallas' or 'xla', got {STATE_GRADIENTS!r}")
     in_kernel = STATE_GRADIENTS == "pallas" and state_gradient_kernel.fits(*states.shape[-2:])
@@ -322,7 +336,8 @@ def _chunked_body(q, k, v, g, beta, initial_state, segment_ids, *, scale, tiling
     rho = jnp.pad(rho, [(0, 0), (0, 0), (0, state_kernels.padded_chunks(num_chunks) - num_chunks)])
     recurrence_inputs = (weighted_keys, state_weights, base_values, rho, state)
     states, final_state = state_recurrence(
-        *_varying(recurrence_inputs, _manual_axes(*recurrence_inputs)), tiling)
+        *_varying(recurrence_inputs, _manual_axes(*recurrence_inputs)), tiling,
+        op_dtype != jnp.float32 and kernels_take_all_states(key_dim, value_dim))
 
     if OUTPUTS not in ("pallas", "xla"):
         raise ValueError(f"OUTPUTS: expected 'pallas' or 'xla', got {OUTPUTS!r}")

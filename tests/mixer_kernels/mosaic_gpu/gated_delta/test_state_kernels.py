@@ -74,6 +74,20 @@ def test_state_kernels_match_recurrence(case, num_chunks, batch, heads, key_dim,
         assert _rel(got, want) < tol, (name, _rel(got, want))
 
 
+def test_16bit_states_are_the_float32_states_rounded():
+    """states_16bit: the entering states leave in the operand dtype, each exactly the float32
+    state rounded (what the products read), and the final state is unchanged."""
+    kw, w, u, rho, s0, _, _ = _inputs(case_seed(107), 3, 1, 1, 64, 64, jnp.bfloat16)
+    tiling = state_kernels.Tiling(64, 64, 64, 64)
+    with interpret.gpu_interpret():
+        states, final = state_kernels.forward_states(kw, w, u, rho, s0, tiling=tiling)
+        states16, final16 = state_kernels.forward_states(kw, w, u, rho, s0, tiling=tiling,
+                                                         states_16bit=True)
+    assert states.dtype == jnp.float32 and states16.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(states16), np.asarray(states.astype(jnp.bfloat16)))
+    np.testing.assert_array_equal(np.asarray(final16), np.asarray(final))
+
+
 def test_choose_tiling_rejects_unsupported_sizes():
     with pytest.raises(ValueError, match="K and V must be in"):
         state_kernels.choose_tiling(4, 64, 96, 64, jnp.bfloat16)
@@ -102,9 +116,13 @@ def test_kernels_lower_to_mosaic_gpu(num_chunks, key_dim, value_dim, dtype):
     state = spec((batch, heads, key_dim, value_dim), jnp.float32)
     states = spec((num_chunks, batch, heads, key_dim, value_dim), jnp.float32)
     forward = jax.jit(lambda *a: state_kernels.forward_states(*a, tiling=tiling))
+    forward16 = jax.jit(lambda *a: state_kernels.forward_states(*a, tiling=tiling,
+                                                                states_16bit=True))
     backward = jax.jit(lambda *a: state_kernels.backward_states(*a, tiling=tiling))
     for text in (forward.trace(keys, keys, values, rho, state).lower(lowering_platforms=("cuda",))
                  .as_text(),
+                 forward16.trace(keys, keys, values, rho, state)
+                 .lower(lowering_platforms=("cuda",)).as_text(),
                  backward.trace(keys, keys, states, rho, state).lower(lowering_platforms=("cuda",))
                  .as_text()):
         assert "mosaic_gpu" in text

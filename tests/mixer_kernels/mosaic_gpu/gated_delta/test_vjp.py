@@ -226,9 +226,10 @@ def test_inside_shard_map_with_gradients():
 
 def test_backward_keeps_no_float32_chunk_products(monkeypatch):
     """The chunk outputs are recomputed in the backward pass (vjp.chunk_outputs): with
-    RESIDUALS = "internals", of the float32 [N, B, HV, C, V] tensors only U and the entering
-    states are kept, not float32 copies of the 16-bit operands or the products U - W S and Q S
-    (seven tensors more). (With the default "inputs" none is kept: test_vjp_residuals.py.)"""
+    RESIDUALS = "internals", of the float32 [N, B, HV, C, V] tensors only U is kept, not float32
+    copies of the 16-bit operands or the products U - W S and Q S (seven tensors more); the
+    entering states are kept in 16 bits, as only kernels read them (vjp.kernels_take_all_states).
+    (With the default "inputs" none is kept: test_vjp_residuals.py.)"""
     from jax._src.ad_checkpoint import saved_residuals
     from mixer_kernels.mosaic_gpu.gated_delta import vjp
     monkeypatch.setattr(vjp, "RESIDUALS", "internals")
@@ -242,6 +243,8 @@ def test_backward_keeps_no_float32_chunk_products(monkeypatch):
 
     with interpret.gpu_interpret():
         kept = saved_residuals(loss, x, x, x, gates, gates.astype(jnp.bfloat16))
-    chunk_shaped = [aval for aval, _ in kept if aval.dtype == jnp.float32
-                    and aval.shape == (seq_len // 64, batch, heads, 64, dim)]
-    assert len(chunk_shaped) == 2, [str(aval) for aval, _ in kept]
+    chunk_shaped = lambda dtype: [aval for aval, _ in kept if aval.dtype == dtype
+                                  and aval.shape == (seq_len // 64, batch, heads, 64, dim)]
+    assert len(chunk_shaped(jnp.float32)) == 1, [str(aval) for aval, _ in kept]
+    # W, Kw, P and the entering states
+    assert len(chunk_shaped(jnp.bfloat16)) == 4, [str(aval) for aval, _ in kept]
