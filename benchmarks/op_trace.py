@@ -7,6 +7,7 @@
     python benchmarks/op_trace.py fpa|fox|softmax ... [--overlap none|dq|dkv|both]
     python benchmarks/op_trace.py fpa ... [--field-passes kernels|by_level|all_levels]
     python benchmarks/op_trace.py fpa --shape 4,4096,12,64 1,16384,12,64 --fields walk,flat,fox
+    python benchmarks/op_trace.py gdn ... --keep-trace   # then benchmarks/fusion_sources.py
 
 op: fpa | fox | softmax (the "pallas" kernels) or gdn (gated_delta_rule, "pallas"); bf16 inputs,
 one jitted vjp with a random cotangent for every differentiable input. FPA's fields:
@@ -81,10 +82,12 @@ def gdn_inputs(shape, rng):
     return (q.astype(jnp.bfloat16), k.astype(jnp.bfloat16), v, g, beta), {}
 
 
-def device_ms_per_call(fn, args, repeats):
+def device_ms_per_call(fn, args, repeats, keep_trace=None):
     """{device event name: ms per call of fn(*args)}, costliest first, from a jax.profiler
-    trace of `repeats` calls (fn already compiled)."""
-    with tempfile.TemporaryDirectory() as trace_dir:
+    trace of `repeats` calls (fn already compiled); keep_trace: a folder that keeps the trace
+    (for benchmarks/fusion_sources.py), else a temporary one."""
+    with tempfile.TemporaryDirectory() as scratch:
+        trace_dir = keep_trace or scratch
         with jax.profiler.trace(trace_dir):
             for _ in range(repeats):
                 jax.block_until_ready(fn(*args))
@@ -92,8 +95,9 @@ def device_ms_per_call(fn, args, repeats):
     return {name: us / repeats / 1e3 for name, us in totals.most_common()}
 
 
-def trace_one(op, shape, fields, repeats, top, out_dir):
-    """Time and trace one op at one shape (and FPA field regime); print and write its table."""
+def trace_one(op, shape, fields, repeats, top, out_dir, keep_trace=False):
+    """Time and trace one op at one shape (and FPA field regime); print and write its table
+    (keep_trace: and keep the profiler trace in out_dir/trace_<label>)."""
     rng = np.random.default_rng(0)
     inputs, _ = gdn_inputs(shape, rng) if op == "gdn" else attention_inputs(op, shape, fields,
                                                                             rng)
@@ -108,10 +112,11 @@ def trace_one(op, shape, fields, repeats, top, out_dir):
         started = time.perf_counter()
         jax.block_until_ready(grads(*inputs))
         wall.append(1e3 * (time.perf_counter() - started))
-    per_call = device_ms_per_call(grads, inputs, repeats)
     knobs = _knobs(op)
     label = "_".join([op, fields if op == "fpa" else "", "x".join(map(str, shape)),
                       *(f"{key}-{value}" for key, value in knobs.items())])
+    per_call = device_ms_per_call(grads, inputs, repeats,
+                                  os.path.join(out_dir, f"trace_{label}") if keep_trace else None)
     result = {"op": op, "fields": fields, "shape": shape, "knobs": knobs,
               "fwd_bwd_wall_ms": statistics.median(wall), "device_ms": per_call}
     with open(os.path.join(out_dir, f"op_trace_{label}.json"), "w") as f:
@@ -148,6 +153,10 @@ def main():
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--top", type=int, default=20)
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
+    parser.add_argument("--keep-trace", action="store_true",
+                        help="keep each profiler trace in OUT/trace_<label>, for "
+                             "benchmarks/fusion_sources.py (with an XLA_FLAGS HLO dump of the "
+                             "same run it names each XLA fusion's source)")
     parser.add_argument("--intra-backward", choices=("xla", "pallas"), default=None,
                         help="gdn: the WY preparation's backward (mixer_kernels/mosaic_gpu/gated_delta/"
                              "vjp.py INTRA_BACKWARD)")
@@ -183,7 +192,8 @@ def main():
     for text in args.shape:
         shape = tuple(int(n) for n in text.split(","))
         for fields in regimes:
-            trace_one(args.op, shape, fields, args.repeats, args.top, args.out)
+            trace_one(args.op, shape, fields, args.repeats, args.top, args.out,
+                      args.keep_trace)
 
 
 if __name__ == "__main__":
