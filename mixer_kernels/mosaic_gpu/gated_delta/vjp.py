@@ -19,6 +19,11 @@ the reverse recurrence in `state_kernels.backward_states` and forms, batched ove
 
     dW_c = -dU_c S_c^T   dKw_c = (U_c - W_c S_c) lambda_{c+1}^T   drho_c = <S_c, lambda_{c+1}>
 
+Where every reader of the entering states is a kernel (the default switches; K, V in
+{64, 128}), the recurrence and the outputs are one `jax.custom_vjp`
+(`recurrence_and_outputs`): the states leave the forward kernel in the operand dtype, and the
+state-gradient kernel takes the outputs' dU, so dU and dW come out summed.
+
     q, k [B, T, H, K]   v [B, T, HV, V]   g, beta [B, T, HV]   S [B, HV, K, V] float32
     internals chunk-major: Kw, W [N, B, HV, C, K] (16-bit), U [N, B, HV, C, V] float32
 
@@ -151,11 +156,12 @@ def _backward_states(tiling, lambdas_16bit):
 
 
 @functools.cache
-def _state_gradient_kernel():
+def _state_gradient_kernel(with_outputs_du=False):
     """`state_gradient_kernel.state_gradients` behind one jax.jit, batchable by vmap (B is
-    axis 1 of every array)."""
+    axis 1 of every array); with_outputs_du: it takes the outputs' dU and returns the total."""
+    count = 1 if with_outputs_du else 0
     return _folding_batch_axes(jax.jit(state_gradient_kernel.state_gradients),
-                               in_axes=(1,) * 5, out_axes=(1,) * 3)
+                               in_axes=(1,) * (5 + count), out_axes=(1,) * (3 + count))
 
 
 def _xla_operands(op_dtype, dtype):
@@ -199,34 +205,30 @@ _product_16.defvjp(_product_16_fwd, _product_16_bwd)
 
 
 def kernels_take_all_states(key_dim, value_dim):
-    """Whether every reader of the entering states is a kernel that rounds them to 16 bits
-    (the chunk outputs and their backward, the state gradients): then the forward state kernel
-    writes them in 16 bits, and no float32 copy is written, kept or converted."""
+    """Whether every reader of the entering states is a kernel (the chunk outputs and their
+    backward, the state gradients): then `recurrence_and_outputs` runs the recurrence and the
+    outputs as one VJP."""
     return (OUTPUTS == "pallas" and STATE_GRADIENTS == "pallas"
             and output_kernels.fits(key_dim, value_dim, backward=False)
             and output_kernels.fits(key_dim, value_dim, backward=True)
             and state_gradient_kernel.fits(key_dim, value_dim))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
-def state_recurrence(kw, w, u, rho, s0, tiling, states_16bit=False):
-    """(entering states [N, B, HV, K, V] float32, or in W's dtype with states_16bit, final
-    state [B, HV, K, V] float32); see module docstring. With 16-bit states the cotangent of
-    the states may come in float32 (the chunk outputs' backward sums in float32)."""
-    return _forward_states(tiling, states_16bit)(kw, w, u, rho, s0)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
+def state_recurrence(kw, w, u, rho, s0, tiling):
+    """(entering states [N, B, HV, K, V], final state [B, HV, K, V]), float32; see module
+    docstring. Where only kernels read the states, `recurrence_and_outputs` runs instead."""
+    return _forward_states(tiling, False)(kw, w, u, rho, s0)
 
 
-def _state_recurrence_fwd(kw, w, u, rho, s0, tiling, states_16bit):
-    states, final = _forward_states(tiling, states_16bit)(kw, w, u, rho, s0)
+def _state_recurrence_fwd(kw, w, u, rho, s0, tiling):
+    states, final = _forward_states(tiling, False)(kw, w, u, rho, s0)
     return (states, final), (kw, w, u, rho, states)
 
 
-def _state_recurrence_bwd(tiling, states_16bit, residuals, cotangents):
+def _state_recurrence_bwd(tiling, residuals, cotangents):
     kw, w, u, rho, states = residuals
     d_states, d_final = cotangents
-    d_states = d_states.astype(jnp.float32)   # float32 from the outputs' backward already
-    if STATE_GRADIENTS not in ("pallas", "xla"):
-        raise ValueError(f"STATE_GRADIENTS: expected 'pallas' or 'xla', got {STATE_GRADIENTS!r}")
     in_kernel = STATE_GRADIENTS == "pallas" and state_gradient_kernel.fits(*states.shape[-2:])
     lambdas, d_u, d_s0 = _backward_states(tiling, in_kernel)(kw, w, d_states, rho, d_final)
     if in_kernel:
@@ -335,12 +337,18 @@ def _chunked_body(q, k, v, g, beta, initial_state, segment_ids, *, scale, tiling
     rho = jnp.moveaxis(entering_decay[..., -1], 0, -1)                        # [B, HV, N]
     rho = jnp.pad(rho, [(0, 0), (0, 0), (0, state_kernels.padded_chunks(num_chunks) - num_chunks)])
     recurrence_inputs = (weighted_keys, state_weights, base_values, rho, state)
-    states, final_state = state_recurrence(
-        *_varying(recurrence_inputs, _manual_axes(*recurrence_inputs)), tiling,
-        op_dtype != jnp.float32 and kernels_take_all_states(key_dim, value_dim))
-
     if OUTPUTS not in ("pallas", "xla"):
         raise ValueError(f"OUTPUTS: expected 'pallas' or 'xla', got {OUTPUTS!r}")
+    if STATE_GRADIENTS not in ("pallas", "xla"):
+        raise ValueError(f"STATE_GRADIENTS: expected 'pallas' or 'xla', got {STATE_GRADIENTS!r}")
+    if kernels_take_all_states(key_dim, value_dim):
+        inputs = recurrence_inputs + (q, attention, entering_decay)
+        out, final_state = recurrence_and_outputs(*_varying(inputs, _manual_axes(*inputs)),
+                                                  tiling, scale, dtype)
+        return out[:, :seq_len], final_state.astype(dtype)
+    states, final_state = state_recurrence(
+        *_varying(recurrence_inputs, _manual_axes(*recurrence_inputs)), tiling)
+
     outputs = chunk_outputs
     if OUTPUTS == "pallas" and output_kernels.fits(key_dim, value_dim, backward=False):
         outputs = chunk_outputs_pallas
@@ -394,6 +402,50 @@ def _chunk_outputs_pallas_bwd(scale, dtype, residuals, d_out):
 
 
 chunk_outputs_pallas.defvjp(_chunk_outputs_pallas_fwd, _chunk_outputs_pallas_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(8, 9, 10))
+def recurrence_and_outputs(kw, w, u, rho, s0, q, attention, entering_decay, tiling, scale,
+                           dtype):
+    """(out [B, N C, HV, V] in `dtype`, final state [B, HV, K, V] float32): `state_recurrence`
+    then `chunk_outputs_pallas` as one VJP, where only kernels read the entering states
+    (`kernels_take_all_states`). The forward state kernel writes the states in the operand
+    dtype, as every reader rounds them so (float32 in interpret mode with float32 operands);
+    the backward hands the outputs' dU to the state-gradient kernel, which forms the total dU
+    (in the operand dtype, as the WY backward reads it) and dW = -dU_total S^T (the outputs
+    read U and W only through U - W S), so XLA sums neither."""
+    return _recurrence_and_outputs_fwd(kw, w, u, rho, s0, q, attention, entering_decay,
+                                       tiling, scale, dtype)[0]
+
+
+def _recurrence_and_outputs_fwd(kw, w, u, rho, s0, q, attention, entering_decay, tiling, scale,
+                                dtype):
+    states, final = _forward_states(tiling, w.dtype != jnp.float32)(kw, w, u, rho, s0)
+    (out,) = _output_kernels(scale)[0](q, states.astype(q.dtype), w, u, attention,
+                                       entering_decay[..., None, :])
+    residuals = (kw, w, u, rho, states, q, attention, entering_decay)
+    return (out.astype(dtype), final), residuals
+
+
+def _recurrence_and_outputs_bwd(tiling, scale, dtype, residuals, cotangents):
+    kw, w, u, rho, states, q, attention, entering_decay = residuals
+    d_out, d_final = cotangents
+    heads, key_dim = q.shape[2], q.shape[3]
+    d_q, d_states, _, d_u_out, d_p, d_e = _output_kernels(scale)[1](
+        q, states.astype(q.dtype), w, u, attention, entering_decay[..., None, :],
+        d_out.astype(q.dtype))
+    lambdas, d_u_rec, d_s0 = _backward_states(tiling, True)(kw, w, d_states, rho, d_final)
+    d_w, d_kw, rows, d_u = _state_gradient_kernel(True)(states.astype(w.dtype), lambdas,
+                                                        d_u_rec, u, w, d_u_out)
+    d_rho = jnp.moveaxis(rows[..., 0, :].sum(-1), 0, -1)                        # [B, HV, N]
+    d_rho = jnp.pad(d_rho, [(0, 0), (0, 0), (0, rho.shape[-1] - d_rho.shape[-1])])
+    d_q = d_q.reshape(*q.shape[:2], heads, -1, key_dim).sum(3).astype(q.dtype)
+    # d_u leaves in U's float32; the WY backward rounds it back, and XLA drops the pair
+    return (d_kw.astype(kw.dtype), d_w.astype(w.dtype), d_u.astype(u.dtype), d_rho, d_s0,
+            d_q, d_p, d_e[..., 0, :])
+
+
+recurrence_and_outputs.defvjp(_recurrence_and_outputs_fwd, _recurrence_and_outputs_bwd)
 
 
 @functools.partial(jax.checkpoint, static_argnums=(6, 7), prevent_cse=False)

@@ -71,6 +71,26 @@ def test_kernel_matches_the_oracle(name):
         assert _rel(got, want) < bound, (label, _rel(got, want))
 
 
+@pytest.mark.parametrize("name", ["f32", "f32_k128_v64", "bf16"])
+def test_kernel_with_the_outputs_du_sums_du_and_dw(name):
+    """With the chunk outputs' dU: dW is -(dU + dU_out) S^T (the outputs' dW folded in) and the
+    fourth output is dU + dU_out in the operand dtype; dKw and drho as without it."""
+    *shape, dtype, bound = CASES[name]
+    args = _inputs(case_seed(545 + list(CASES).index(name)), *shape, dtype)
+    d_u_out = jnp.asarray(np.random.default_rng(case_seed(548)).standard_normal(args[2].shape),
+                          jnp.float32)
+    with interpret.gpu_interpret():
+        d_w, d_kw, rows, d_u_total = jax.jit(state_gradient_kernel.state_gradients)(
+            *args, d_u_out)
+    states, lambdas, d_u, u, w = args
+    want_w, want_kw, want_rho = oracle(states, lambdas, d_u + d_u_out, u, w)
+    assert d_u_total.dtype == dtype and d_u_total.shape == d_u.shape
+    for label, got, want in (("dW", d_w, want_w), ("dKw", d_kw, want_kw),
+                             ("drho", rows[..., 0, :].sum(-1), want_rho),
+                             ("dU", d_u_total, d_u + d_u_out)):
+        assert _rel(got, want) < bound, (label, _rel(got, want))
+
+
 @pytest.mark.parametrize("key_dim, value_dim", [(64, 64), (128, 128), (128, 64), (64, 128)])
 def test_kernel_lowers_to_mosaic_gpu(key_dim, value_dim):
     """CUDA lowering on the CPU (bf16) runs Mosaic GPU's layout inference, which interpret mode
@@ -79,6 +99,8 @@ def test_kernel_lowers_to_mosaic_gpu(key_dim, value_dim):
     args = tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in args)
     run = jax.jit(state_gradient_kernel.state_gradients)
     assert "mosaic_gpu" in run.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    d_u_out = jax.ShapeDtypeStruct(args[2].shape, jnp.float32)
+    assert "mosaic_gpu" in run.trace(*args, d_u_out).lower(lowering_platforms=("cuda",)).as_text()
 
 
 def test_shared_memory_limits_are_stated():
