@@ -112,17 +112,19 @@ def forward(q, states, w, u, p, e, *, scale, interpret=None):
                      (num_chunks, num_v_heads, batch), interpret)(q, states, w, u, p, e)
 
 
-def backward(q, states, w, u, p, e, d_out, *, scale, interpret=None):
-    """(dq [B, Tp, HV, K] float32, dS, dW, dU, dP, de); see the module docstring."""
+def backward(q, states, w, u, p, e, d_out, *, scale, with_dw=True, interpret=None):
+    """(dq [B, Tp, HV, K] float32, dS, dW, dU, dP, de); see the module docstring. Without
+    with_dw, dW (= -dU S^T, which a caller may form from a summed dU) is neither formed nor
+    returned."""
     num_chunks, batch, num_heads, key_dim, num_v_heads, value_dim, group = _shapes(q, states)
     op_dtype, c = q.dtype, CHUNK
     check_smem("chunk output backward kernel",
                smem_bytes(key_dim, value_dim, jnp.bfloat16, True), key_dim, value_dim)
 
-    def kernel(q_ref, s_ref, w_ref, u_ref, p_ref, e_ref, do_ref,
-               dq_ref, ds_ref, dw_ref, du_ref, dp_ref, de_ref,
-               q_s, s_s, w_s, u_s, p_s, e_s, do_s, n_s, dn_s, ds_s, de_s, loaded,
-               *separate):
+    def kernel(q_ref, s_ref, w_ref, u_ref, p_ref, e_ref, do_ref, dq_ref, ds_ref, *refs):
+        dw_ref = refs[0] if with_dw else None
+        (du_ref, dp_ref, de_ref, q_s, s_s, w_s, u_s, p_s, e_s, do_s, n_s, dn_s, ds_s, de_s,
+         loaded, *separate) = refs[1:] if with_dw else refs
         dw_s, dq_s = separate if separate else (n_s, u_s)
         chunk, head, b = (lax.axis_index(n) for n in ("c", "hv", "b"))
         tokens = pl.ds(chunk * c, c)
@@ -156,7 +158,8 @@ def backward(q, states, w, u, p, e, d_out, *, scale, interpret=None):
             plgpu.wgmma(acc, w_s.T, dn_s)
             return acc[...]
         ds_s[...] = pl.run_scoped(state_gradient, plgpu.ACC((key_dim, value_dim), jnp.float32))
-        dw_s[...] = matmul(dn_s, s_s.T, (c, key_dim)).astype(op_dtype)
+        if with_dw:
+            dw_s[...] = matmul(dn_s, s_s.T, (c, key_dim)).astype(op_dtype)
         d_q = matmul(do_s, s_s.T, (c, key_dim))
         if not separate:
             plgpu.wait_smem_to_gmem(0, wait_read_only=True)       # dU has left U's place
@@ -164,13 +167,14 @@ def backward(q, states, w, u, p, e, d_out, *, scale, interpret=None):
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(dq_s, dq_ref.at[b, tokens, head])
         plgpu.copy_smem_to_gmem(ds_s, ds_ref.at[chunk, b, head])
-        plgpu.copy_smem_to_gmem(dw_s, dw_ref.at[chunk, b, head])
+        if with_dw:
+            plgpu.copy_smem_to_gmem(dw_s, dw_ref.at[chunk, b, head])
         plgpu.wait_smem_to_gmem(0)
 
     chunk_major = (num_chunks, batch, num_v_heads)
     out_type = (jax.ShapeDtypeStruct((batch, q.shape[1], num_v_heads, key_dim), jnp.float32),
                 jax.ShapeDtypeStruct((*chunk_major, key_dim, value_dim), jnp.float32),
-                jax.ShapeDtypeStruct((*chunk_major, c, key_dim), op_dtype),
+                *([jax.ShapeDtypeStruct((*chunk_major, c, key_dim), op_dtype)] if with_dw else []),
                 jax.ShapeDtypeStruct((*chunk_major, c, value_dim), jnp.float32),
                 jax.ShapeDtypeStruct((*chunk_major, c, c), op_dtype),
                 jax.ShapeDtypeStruct((*chunk_major, 1, c), jnp.float32))

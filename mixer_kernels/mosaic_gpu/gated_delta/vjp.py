@@ -358,15 +358,16 @@ def _chunked_body(q, k, v, g, beta, initial_state, segment_ids, *, scale, tiling
 
 
 @functools.cache
-def _output_kernels(scale):
+def _output_kernels(scale, with_dw=True):
     """(forward, backward) chunk output kernels, each behind one jax.jit and batchable by
-    vmap (B is axis 0 of q, dO, O and dq, axis 1 of the chunk-major arrays)."""
+    vmap (B is axis 0 of q, dO, O and dq, axis 1 of the chunk-major arrays); with_dw: the
+    backward returns dW."""
     forward = _folding_batch_axes(
         jax.jit(lambda *arrays: (output_kernels.forward(*arrays, scale=scale),)),
         in_axes=(0, 1, 1, 1, 1, 1), out_axes=(0,))
     backward = _folding_batch_axes(
-        jax.jit(functools.partial(output_kernels.backward, scale=scale)),
-        in_axes=(0, 1, 1, 1, 1, 1, 0), out_axes=(0, 1, 1, 1, 1, 1))
+        jax.jit(functools.partial(output_kernels.backward, scale=scale, with_dw=with_dw)),
+        in_axes=(0, 1, 1, 1, 1, 1, 0), out_axes=(0,) + (1,) * (5 if with_dw else 4))
     return forward, backward
 
 
@@ -421,8 +422,8 @@ def recurrence_and_outputs(kw, w, u, rho, s0, q, attention, entering_decay, tili
 def _recurrence_and_outputs_fwd(kw, w, u, rho, s0, q, attention, entering_decay, tiling, scale,
                                 dtype):
     states, final = _forward_states(tiling, w.dtype != jnp.float32)(kw, w, u, rho, s0)
-    (out,) = _output_kernels(scale)[0](q, states.astype(q.dtype), w, u, attention,
-                                       entering_decay[..., None, :])
+    (out,) = _output_kernels(scale, False)[0](q, states.astype(q.dtype), w, u, attention,
+                                              entering_decay[..., None, :])
     residuals = (kw, w, u, rho, states, q, attention, entering_decay)
     return (out.astype(dtype), final), residuals
 
@@ -431,7 +432,7 @@ def _recurrence_and_outputs_bwd(tiling, scale, dtype, residuals, cotangents):
     kw, w, u, rho, states, q, attention, entering_decay = residuals
     d_out, d_final = cotangents
     heads, key_dim = q.shape[2], q.shape[3]
-    d_q, d_states, _, d_u_out, d_p, d_e = _output_kernels(scale)[1](
+    d_q, d_states, d_u_out, d_p, d_e = _output_kernels(scale, False)[1](
         q, states.astype(q.dtype), w, u, attention, entering_decay[..., None, :],
         d_out.astype(q.dtype))
     lambdas, d_u_rec, d_s0 = _backward_states(tiling, True)(kw, w, d_states, rho, d_final)

@@ -93,15 +93,30 @@ def test_kernels_match_the_oracle_and_its_autodiff(name):
         assert _rel(a, b) < bound, (label, _rel(a, b))
 
 
+def test_backward_without_dw_returns_the_rest_unchanged():
+    """with_dw=False drops dW (callers form it from a summed dU) and leaves dq, dS, dU, dP and
+    de bit for bit as they are with it."""
+    args, d_out = _inputs(case_seed(529), 2, 1, 1, 2, 64, 64, jnp.float32)
+    with interpret.gpu_interpret():
+        full = jax.jit(lambda *a: output_kernels.backward(*a, scale=SCALE))(*args, d_out)
+        short = jax.jit(lambda *a: output_kernels.backward(*a, scale=SCALE, with_dw=False))(
+            *args, d_out)
+    assert len(short) == 5
+    for a, b in zip(short, full[:2] + full[3:]):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
 @pytest.mark.parametrize("key_dim, value_dim, backward", [
-    (64, 64, False), (64, 64, True), (128, 128, True), (128, 64, True)])
+    (64, 64, False), (64, 64, True), (128, 128, True), (128, 64, True), (128, 64, "no dW"),
+    (64, 64, "no dW")])
 def test_kernels_lower_to_mosaic_gpu(key_dim, value_dim, backward):
     """CUDA lowering on the CPU (bf16, grouped heads) runs Mosaic GPU's layout inference, which
     interpret mode skips (the e column, the row sums of de, transposed operands)."""
     args, d_out = _inputs(0, 1, 2, 1, 2, key_dim, value_dim, jnp.bfloat16)
     args = tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (*args, d_out))
     if backward:
-        run = jax.jit(lambda *a: output_kernels.backward(*a, scale=SCALE))
+        run = jax.jit(lambda *a: output_kernels.backward(*a, scale=SCALE,
+                                                         with_dw=backward is True))
     else:
         run = jax.jit(lambda *a: output_kernels.forward(*a[:6], scale=SCALE))
     assert "mosaic_gpu" in run.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
