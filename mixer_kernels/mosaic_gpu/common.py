@@ -3,6 +3,8 @@ short convolution).
 
     swizzled_smem(shape, dtype)   an SMEM buffer type, tiled and swizzled for TMA and wgmma
     matmul(a, b, shape)           a @ b on the tensor cores, float32 result
+    matmul_groups(*groups)        several sums of products on the tensor cores, every wgmma
+                                  issued before the first wait: group = (shape, [(a, b), ...])
     document_start_index(segment_ids, padded)   each row's document start, as the kernels
                                                 label documents (XLA side)
 """
@@ -29,6 +31,19 @@ def matmul(a, b, shape):
         plgpu.wgmma(acc, a, b)
         return acc[...]
     return pl.run_scoped(body, plgpu.ACC(shape, jnp.float32))
+
+
+def matmul_groups(*groups):
+    """(sum_k a_k @ b_k for each group), float32 results. group = (shape, [(a, b), ...]) with
+    refs in SMEM as for `matmul`; a group's products chain into one accumulator, and every
+    wgmma of every group is issued before the first result is read (one wait instead of one
+    per product). Each group holds an accumulator tile in registers until the wait."""
+    def body(*accs):
+        for acc, (_, products) in zip(accs, groups):
+            for a, b in products:
+                plgpu.wgmma(acc, a, b)
+        return tuple(acc[...] for acc in accs)
+    return pl.run_scoped(body, *(plgpu.ACC(shape, jnp.float32) for shape, _ in groups))
 
 
 def document_start_index(segment_ids, padded):
