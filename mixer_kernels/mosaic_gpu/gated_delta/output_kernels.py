@@ -39,7 +39,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from mixer_kernels.mosaic_gpu.gated_delta.common import (CHUNK, SMEM_BYTES, check_smem, head_sizes,
                                                            per_chunk)
-from mixer_kernels.mosaic_gpu.common import matmul, swizzled_smem
+from mixer_kernels.mosaic_gpu.common import matmul, matmul_groups, swizzled_smem
 
 
 def smem_bytes(key_dim, value_dim, operand_dtype, backward: bool) -> int:
@@ -91,9 +91,10 @@ def forward(q, states, w, u, p, e, *, scale, interpret=None):
             plgpu.copy_gmem_to_smem(src, dst, loaded)
         plgpu.barrier_wait(loaded)
 
-        n_s[...] = (u_s[...] - matmul(w_s, s_s, (c, value_dim))).astype(op_dtype)
+        predicted, from_state = matmul_groups(((c, value_dim), [(w_s, s_s)]),
+                                              ((c, value_dim), [(q_s, s_s)]))
+        n_s[...] = (u_s[...] - predicted).astype(op_dtype)
         plgpu.commit_smem()
-        from_state = matmul(q_s, s_s, (c, value_dim))
         u_s[...] = scale * _column(e_s, value_dim) * from_state + matmul(p_s, n_s, (c, value_dim))
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(u_s, o_ref.at[b, tokens, head])
@@ -136,13 +137,13 @@ def backward(q, states, w, u, p, e, d_out, *, scale, with_dw=True, interpret=Non
         plgpu.barrier_wait(loaded)
 
         shape = (c, value_dim)
-        from_state = matmul(q_s, s_s, shape)
+        from_state, predicted = matmul_groups((shape, [(q_s, s_s)]), (shape, [(w_s, s_s)]))
         de_s.at[0][...] = scale * jnp.sum(do_s[...].astype(jnp.float32) * from_state, axis=1)
-        n_s[...] = (u_s[...] - matmul(w_s, s_s, shape)).astype(op_dtype)
+        n_s[...] = (u_s[...] - predicted).astype(op_dtype)
         plgpu.commit_smem()
 
-        d_new = matmul(p_s.T, do_s, shape)
-        p_s[...] = matmul(do_s, n_s.T, (c, c)).astype(op_dtype)                 # dP
+        d_new, d_p = matmul_groups((shape, [(p_s.T, do_s)]), ((c, c), [(do_s, n_s.T)]))
+        p_s[...] = d_p.astype(op_dtype)                                         # dP
         u_s[...] = d_new                                                        # dU
         dn_s[...] = (-d_new).astype(op_dtype)                                   # -dN
         plgpu.commit_smem()
@@ -159,8 +160,11 @@ def backward(q, states, w, u, p, e, d_out, *, scale, with_dw=True, interpret=Non
             return acc[...]
         ds_s[...] = pl.run_scoped(state_gradient, plgpu.ACC((key_dim, value_dim), jnp.float32))
         if with_dw:
-            dw_s[...] = matmul(dn_s, s_s.T, (c, key_dim)).astype(op_dtype)
-        d_q = matmul(do_s, s_s.T, (c, key_dim))
+            d_w, d_q = matmul_groups(((c, key_dim), [(dn_s, s_s.T)]),
+                                     ((c, key_dim), [(do_s, s_s.T)]))
+            dw_s[...] = d_w.astype(op_dtype)
+        else:
+            d_q = matmul(do_s, s_s.T, (c, key_dim))
         if not separate:
             plgpu.wait_smem_to_gmem(0, wait_read_only=True)       # dU has left U's place
         dq_s[...] = d_q

@@ -36,7 +36,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from mixer_kernels.mosaic_gpu.gated_delta import wy
 from mixer_kernels.mosaic_gpu.gated_delta.common import CHUNK, check_smem, head_sizes, per_chunk
-from mixer_kernels.mosaic_gpu.common import matmul, swizzled_smem
+from mixer_kernels.mosaic_gpu.common import matmul, matmul_groups, swizzled_smem
 
 
 def smem_bytes(key_dim, value_dim, operand_dtype, with_inverse) -> int:
@@ -109,10 +109,10 @@ def prepare(q, k, v, rows, *, scale, with_inverse=False, interpret=None):
         plgpu.barrier_wait(loaded)
 
         along, i, j, decay = chunk_tiles(rows_s, c)
-        key_gram = matmul(k_s, k_s.T, shape)
+        key_gram, scores = matmul_groups((shape, [(k_s, k_s.T)]), (shape, [(q_s, k_s.T)]))
         a = jnp.where(i > j, along("beta_i", c) * key_gram * decay, 0.0)
 
-        p_s[...] = (scale * matmul(q_s, k_s.T, shape) * decay).astype(op_dtype)
+        p_s[...] = (scale * scores * decay).astype(op_dtype)
         q_s[...] = (k_s[...].astype(jnp.float32)
                     * along("kw_decay", key_dim)).astype(op_dtype)    # Kw, staged in Q's place
         plgpu.commit_smem()
@@ -125,8 +125,9 @@ def prepare(q, k, v, rows, *, scale, with_inverse=False, interpret=None):
         if with_inverse:
             t_s[0][...] = x
         plgpu.commit_smem()
-        u_s[...] = matmul(m_s, v_s, (c, value_dim))
-        k_s[...] = matmul(x_s, k_s, (c, key_dim)).astype(op_dtype)     # W, staged in K's place
+        u, w = matmul_groups(((c, value_dim), [(m_s, v_s)]), ((c, key_dim), [(x_s, k_s)]))
+        u_s[...] = u
+        k_s[...] = w.astype(op_dtype)                                   # W, staged in K's place
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(k_s, w_ref.at[chunk, b, head])
         plgpu.copy_smem_to_gmem(u_s, u_ref.at[chunk, b, head])
