@@ -32,7 +32,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from mixer_kernels.mosaic_gpu.gated_delta.common import CHUNK, SMEM_BYTES, check_smem, per_chunk
-from mixer_kernels.mosaic_gpu.common import matmul, matmul_groups, swizzled_smem
+from mixer_kernels.mosaic_gpu.common import matmul, swizzled_smem
 
 
 def smem_bytes(key_dim, value_dim, operand_dtype, with_outputs_du=True) -> int:
@@ -85,11 +85,11 @@ def state_gradients(states, lambdas, d_u, u, w, d_u_out=None, *, interpret=None)
             part = pl.ds(start, 64)
             rows_s.at[0, part][...] = jnp.sum(s_s.at[part][...].astype(jnp.float32)
                                               * lam_s.at[part][...].astype(jnp.float32), axis=1)
-        d_w, d_kw = matmul_groups(((c, key_dim), [(du16_s, s_s.T)]),
-                                  ((c, key_dim), [(n_s, lam_s.T)]))
+        d_w = matmul(du16_s, s_s.T, (c, key_dim))
         if summing:   # dW may take dU's 16-bit place once its copy out has read it
             plgpu.wait_smem_to_gmem(0, wait_read_only=True)
         dw_s[...] = (-d_w).astype(op_dtype)
+        d_kw = matmul(n_s, lam_s.T, (c, key_dim))
         dkw_s[...] = d_kw.astype(op_dtype)
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(dw_s, dw_ref.at[chunk, b, head])

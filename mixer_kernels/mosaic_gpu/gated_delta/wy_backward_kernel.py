@@ -23,9 +23,7 @@ beta_i = beta_j; dW, dU, dKw, dP the cotangents of W, U, Kw, P):
 that W needs anyway: beta_e sits in shared memory in the column layout only). Products: 16-bit
 operands (T, dU, the recomputed W and U, dR, dG, dS rounded as `wy.prepare_backward` rounds
 them), float32 accumulation, 23 wgmmas per block (G, S, 10 for T, W, U, dR_K, dR_V, the direct
-term, 2 for dA, dQ, 3 for dK) waited for 17 times: dR_K with dR_V, dA's two with S, and dQ with
-dK's three are issued together (`matmul_groups`), dA's and dK's chained into one accumulator
-each; the C x C elementwise work and the row sums are float32.
+term, 2 for dA, dQ, 3 for dK); the C x C elementwise work and the row sums are float32.
 
     q, k [B, Tp, H, K]   v [B, Tp, HV, V] (16-bit; f32 only in interpret mode)
     rows [B, HV, N, R, C] float32 (R = len(wy.ROWS))
@@ -49,7 +47,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from mixer_kernels.mosaic_gpu.gated_delta import wy, wy_kernel
 from mixer_kernels.mosaic_gpu.gated_delta.common import (CHUNK, SMEM_BYTES, check_smem, head_sizes,
                                                            per_chunk)
-from mixer_kernels.mosaic_gpu.common import matmul, matmul_groups, swizzled_smem
+from mixer_kernels.mosaic_gpu.common import matmul, swizzled_smem
 
 
 def smem_bytes(key_dim, value_dim, operand_dtype) -> int:
@@ -119,9 +117,9 @@ def backward(q, k, v, rows, cotangents, *, scale, interpret=None):
         x_s[...] = inverse.astype(op_dtype)
         plgpu.commit_smem()
 
-        d_rhs_k, d_rhs_v = matmul_groups(((c, key_dim), [(x_s.T, dw_s)]),
-                                         ((c, value_dim), [(x_s.T, du_s)]))
-        store_row("beta_e", jnp.sum(d_rhs_k * k_s[...].astype(jnp.float32), axis=1))
+        d_rhs_k = matmul(x_s.T, dw_s, (c, key_dim))
+        d_rhs_v = matmul(x_s.T, du_s, (c, value_dim))
+        store_row("beta_e", jnp.sum(d_rhs_k * keys, axis=1))
         store_row("beta_j", jnp.sum(d_rhs_v * v_s[...].astype(jnp.float32), axis=1))
         dw_s[...] = d_rhs_k.astype(op_dtype)
         du_s[...] = d_rhs_v.astype(op_dtype)
@@ -129,12 +127,10 @@ def backward(q, k, v, rows, cotangents, *, scale, interpret=None):
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(v_s, dv_ref.at[b, tokens, head])
 
-        d_rhs_w_u, scores = matmul_groups((shape, [(dw_s, dkw_s.T), (du_s, u_s.T)]),
-                                          (shape, [(q_s, k_s.T)]))
-        d_a = jnp.where(i > j, -d_rhs_w_u, 0.0)
+        d_a = jnp.where(i > j, -(matmul(dw_s, dkw_s.T, shape) + matmul(du_s, u_s.T, shape)), 0.0)
         d_p = dp_s[...].astype(jnp.float32)
         d_a_gram = d_a * gram_decay
-        through_decay = beta * d_a_gram + d_p * (scale * scores * decay)
+        through_decay = beta * d_a_gram + d_p * (scale * matmul(q_s, k_s.T, shape) * decay)
         store_row("beta_i", jnp.sum(d_a_gram, axis=1))
         store_row("gamma_i", jnp.sum(through_decay, axis=1))
         store_row("gamma_j", -jnp.sum(through_decay, axis=0))
@@ -142,10 +138,9 @@ def backward(q, k, v, rows, cotangents, *, scale, interpret=None):
         dp_s[...] = (scale * d_p * decay).astype(op_dtype)                   # dS
         plgpu.commit_smem()
 
-        d_q, d_k = matmul_groups(((c, key_dim), [(dp_s, k_s)]),
-                                 ((c, key_dim), [(m_s, k_s), (m_s.T, k_s), (dp_s.T, q_s)]))
-        dq_s[...] = d_q
-        dk_s[...] = dk_s[...] + d_k
+        dq_s[...] = matmul(dp_s, k_s, (c, key_dim))
+        dk_s[...] = (dk_s[...] + matmul(m_s, k_s, (c, key_dim)) + matmul(m_s.T, k_s, (c, key_dim))
+                     + matmul(dp_s.T, q_s, (c, key_dim)))
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(dq_s, dq_ref.at[b, tokens, head])
         plgpu.copy_smem_to_gmem(dk_s, dk_ref.at[b, tokens, head])
