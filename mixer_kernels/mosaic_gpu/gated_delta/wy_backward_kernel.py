@@ -35,7 +35,9 @@ Grouped heads (HV = group H): value head hv reads q/k head hv // group and write
 partial dq, dk [B, Tp, HV, K] float32; XLA sums them over the group and casts (one fusion; a
 cast only for group 1). dv and drows are written in their final layouts.
 Shared memory is reused: W is staged in dKw's place, dR_K in dW's, dR_V in dU's, dS in dP's,
-dG in the inversion's scratch, dV in V's.
+dG in the inversion's scratch, dV in V's, and dq in dk's float32 staging tile once dk has been
+copied out. At K = V = 64 a block then takes 101 KiB, so two blocks share an SM (117 KiB with
+separate dq and dk tiles: one).
 """
 
 import jax
@@ -56,7 +58,7 @@ def smem_bytes(key_dim, value_dim, operand_dtype) -> int:
     inputs = (2 * key_dim + value_dim) * c * op + rows
     cotangents = (2 * key_dim + value_dim + c) * c * op
     work = (2 * c + value_dim) * c * op                     # inversion scratch (2), U
-    staging = 2 * c * key_dim * 4 + rows                    # dq, dk, drows
+    staging = c * key_dim * 4 + rows                        # dk then dq, drows
     return inputs + cotangents + work + staging + 1024
 
 
@@ -79,8 +81,8 @@ def backward(q, k, v, rows, cotangents, *, scale, interpret=None):
 
     def kernel(q_ref, k_ref, v_ref, rows_ref, dw_ref, du_ref, dkw_ref, dp_ref,
                dq_ref, dk_ref, dv_ref, drows_ref,
-               q_s, k_s, v_s, rows_s, dw_s, du_s, dkw_s, dp_s, x_s, m_s, u_s, dq_s, dk_s,
-               drows_s, loaded):
+               q_s, k_s, v_s, rows_s, dw_s, du_s, dkw_s, dp_s, x_s, m_s, u_s, dk_s, drows_s,
+               loaded):
         chunk, head, b = (lax.axis_index(n) for n in ("c", "hv", "b"))
         tokens = pl.ds(chunk * c, c)
         for src, dst, barrier in (
@@ -138,13 +140,16 @@ def backward(q, k, v, rows, cotangents, *, scale, interpret=None):
         dp_s[...] = (scale * d_p * decay).astype(op_dtype)                   # dS
         plgpu.commit_smem()
 
-        dq_s[...] = matmul(dp_s, k_s, (c, key_dim))
         dk_s[...] = (dk_s[...] + matmul(m_s, k_s, (c, key_dim)) + matmul(m_s.T, k_s, (c, key_dim))
                      + matmul(dp_s.T, q_s, (c, key_dim)))
         plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(dq_s, dq_ref.at[b, tokens, head])
         plgpu.copy_smem_to_gmem(dk_s, dk_ref.at[b, tokens, head])
         plgpu.copy_smem_to_gmem(drows_s, drows_ref.at[b, head, chunk])
+        d_q = matmul(dp_s, k_s, (c, key_dim))
+        plgpu.wait_smem_to_gmem(0, wait_read_only=True)      # dk has left its staging tile
+        dk_s[...] = d_q                                      # dq, in dk's place
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(dk_s, dq_ref.at[b, tokens, head])
         plgpu.wait_smem_to_gmem(0)
 
     partial = jax.ShapeDtypeStruct((batch, k.shape[1], num_v_heads, key_dim), jnp.float32)
@@ -162,8 +167,7 @@ def backward(q, k, v, rows, cotangents, *, scale, interpret=None):
                swizzled_smem(shape, op_dtype),                # X, T diag(beta_e), T
                swizzled_smem(shape, op_dtype),                # A ⊙ M_s, T diag(beta), dG
                swizzled_smem((c, value_dim), op_dtype),       # U
-               swizzled_smem((c, key_dim), jnp.float32),      # dq
-               swizzled_smem((c, key_dim), jnp.float32),      # dk
+               swizzled_smem((c, key_dim), jnp.float32),      # dk, then dq
                row_tile,                                      # drows
                plgpu.Barrier(num_arrivals=4, num_barriers=2))
     d_q, d_k, d_v, d_rows = per_chunk(kernel, "delta_rule_wy_backward", out_type, scratch,
