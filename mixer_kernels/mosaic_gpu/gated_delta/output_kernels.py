@@ -26,9 +26,9 @@ operand dtype (XLA rounds the float32 states in one pass), U in float32.
        float32, dP [N, B, HV, C, C] (q's dtype), de [N, B, HV, 1, C] float32
 
 Value head hv reads q head hv // (HV // H). Shared memory is reused: O is staged in U's
-place; in the backward dP in P's, dU in U's, D in dO's and, for K = V, dq in U's (once dU has
-left) and dW in N's. Then a block needs 57 / 90 KiB (forward / backward) at K = V = 64 and
-121 / 218 KiB at K = V = 128 (bf16).
+place and, for K = V, N in W's (two blocks per SM at K = V = 128); in the backward dP in P's, dU in U's, D in dO's and, for K = V, dq in U's (once dU has
+left) and dW in N's. Then a block needs 49 / 90 KiB (forward / backward) at K = V = 64 and
+105 / 218 KiB at K = V = 128 (bf16).
 """
 
 import jax
@@ -47,8 +47,8 @@ def smem_bytes(key_dim, value_dim, operand_dtype, backward: bool) -> int:
     the module docstring)."""
     c, op = CHUNK, jnp.dtype(operand_dtype).itemsize
     inputs = (2 * c * key_dim + key_dim * value_dim + c * c) * op + c * value_dim * 4 + c * 4
-    if not backward:
-        return inputs + c * value_dim * op + 1024                          # N
+    if not backward:   # N in W's place for K = V
+        return inputs + (0 if key_dim == value_dim else c * value_dim * op) + 1024
     work = 3 * c * value_dim * op                                       # dO then D, N, dN
     staging = key_dim * value_dim * 4 + c * 4                           # dS, de
     if key_dim != value_dim:
@@ -81,7 +81,8 @@ def forward(q, states, w, u, p, e, *, scale, interpret=None):
                key_dim, value_dim)
 
     def kernel(q_ref, s_ref, w_ref, u_ref, p_ref, e_ref, o_ref,
-               q_s, s_s, w_s, u_s, p_s, e_s, n_s, loaded):
+               q_s, s_s, w_s, u_s, p_s, e_s, loaded, *n_tile):
+        n_s = n_tile[0] if n_tile else w_s     # N in W's place once W S is formed (K = V)
         chunk, head, b = (lax.axis_index(n) for n in ("c", "hv", "b"))
         tokens = pl.ds(chunk * c, c)
         for src, dst in ((q_ref.at[b, tokens, head // group], q_s),
@@ -106,8 +107,9 @@ def forward(q, states, w, u, p, e, *, scale, interpret=None):
                swizzled_smem((c, value_dim), jnp.float32),     # U, then O
                swizzled_smem((c, c), op_dtype),                # P
                plgpu.SMEM((1, c), jnp.float32),                # e
-               swizzled_smem((c, value_dim), op_dtype),        # N
                plgpu.Barrier(num_arrivals=6))
+    if key_dim != value_dim:
+        scratch += (swizzled_smem((c, value_dim), op_dtype),)  # N
     out_type = jax.ShapeDtypeStruct((batch, q.shape[1], num_v_heads, value_dim), jnp.float32)
     return per_chunk(kernel, "delta_rule_chunk_outputs", out_type, scratch,
                      (num_chunks, num_v_heads, batch), interpret)(q, states, w, u, p, e)
