@@ -71,10 +71,11 @@ def diagonal_shares_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, c
             p = tile.probs(logits, tile.mask(True))
             dp = matmul(do_s, v_s.transpose((1, 0)), (n, n))
             coef, _ = tile.dead_coef(p * (dp - tile.row("delta")), extra["gap"]())
-            key_sums, query_sums = tile.diagonal_shares(coef, pair_levels, suf, pre, diag_rows,
-                                                        diag_cols)
-            for index, total in enumerate(key_sums + query_sums):
+
+            def emit(index, total):
                 out_s.at[index][...] = beta_value * total
+
+            tile.diagonal_shares(coef, pair_levels, suf, pre, diag_rows, diag_cols, emit)
 
         if cfg.separable:   # key levels: kap >= 0 means no dead pair (module docstring)
             no_dead = cols.scalar("kap") >= 0.0

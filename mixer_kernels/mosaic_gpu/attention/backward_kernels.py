@@ -501,13 +501,16 @@ class Tile:
         gap_sum = self.sum_over_queries(share * to_gap) if keys else None
         return key_sum, gap_sum, self.sum_over_keys(share * to_query) if queries else None
 
-    def diagonal_shares(self, coef, pair_levels, suf, pre, diag_rows, diag_cols):
-        """Per-level soft-min shares of a diagonal tile: ([key side per level], [query side per
-        level]). Each pair s < t lies in one dyadic level L, whose two pieces are the key
-        side's suffix (minimum suf = suf_min[L, s]) and the query side's prefix (pre); with
-        R = min(suf, pre) one of the two weights exp(-(piece - R)/tau) is 1 and the other
-        y = exp(-|suf - pre|/tau): one exponential and one reciprocal per pair, the masses
-        selected per pair after the minima, then the shares summed by level."""
+    def diagonal_shares(self, coef, pair_levels, suf, pre, diag_rows, diag_cols, emit):
+        """Per-level soft-min shares of a diagonal tile, handed to emit(index, vector) as each
+        is summed: index L < levels the key side of level L (summed over queries), levels + L
+        the query side (summed over keys). Each pair s < t lies in one dyadic level L, whose
+        two pieces are the key side's suffix (minimum suf = suf_min[L, s]) and the query
+        side's prefix (pre); with R = min(suf, pre) one of the two weights
+        exp(-(piece - R)/tau) is 1 and the other y = exp(-|suf - pre|/tau): one exponential
+        and one reciprocal per pair, the masses selected per pair after the minima. Emitting
+        each level's sum at once (the caller stores it) keeps one sum live at a time, not
+        twelve; the key side's sums hold 16 values a thread each."""
         levels = self.cfg.diag_levels
         key_first = suf <= pre
         y = jnp.exp(jnp.abs(suf - pre) * (-1.0 / self.cfg.tau))
@@ -516,11 +519,10 @@ class Tile:
         mass = (self.level_pieces(pair_levels, diag_cols, "suf", levels) * to_key
                 + self.level_pieces(pair_levels, diag_rows, "pre", levels) * to_query)
         base = coef * reciprocal(jnp.maximum(mass, 1.0))
-        key_share, query_share = base * to_key, base * to_query
-        by_level = lambda x, reduce: [reduce(jnp.where(pair_levels == level, x, 0.0))
-                                      for level in range(levels)]
-        return (by_level(key_share, self.sum_over_queries),
-                by_level(query_share, self.sum_over_keys))
+        for first, share, reduce in ((0, base * to_key, self.sum_over_queries),
+                                     (levels, base * to_query, self.sum_over_keys)):
+            for level in range(levels):
+                emit(first + level, reduce(jnp.where(pair_levels == level, share, 0.0)))
 
     def separable_weights(self, coef, r, gap_min, gap_mass):
         """(base [n, n], w_key [n] over keys, w_query [n] over queries, w_gap scalar).
