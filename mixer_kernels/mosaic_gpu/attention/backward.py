@@ -34,11 +34,11 @@ from mixer_kernels.mosaic_gpu.attention import fields, fields_kernels
 from mixer_kernels.mosaic_gpu.attention.bias import FPABias, NoBias, SeparableBias
 from mixer_kernels.mosaic_gpu.attention.common import (BIG, BLOCK, LOG2E, SUPPORTED_HEAD_DIMS,
                                                         dead_key_bounds, decay, pack_rows,
-                                                        pruning_norms, row_dots)
+                                                        row_dots)
 from mixer_kernels.mosaic_gpu.attention.backward_diagonal_kernel import diagonal_shares_kernel
 from mixer_kernels.mosaic_gpu.attention.backward_kernels import (KernelConfig, dkv_kernel, dq_kernel,
                                                            pack_layout)
-from mixer_kernels.mosaic_gpu.attention.forward import heads_major, pruning_margin
+from mixer_kernels.mosaic_gpu.attention.forward import block_norms, heads_major, pruning_margin
 from mixer_kernels.mosaic_gpu.common import document_start_index
 from mixer_core.interpret import interpret_active
 from mixer_core.padding import pad_time, padded_length
@@ -116,19 +116,17 @@ def _per_block(x, n, reduce, real=None, fill=0.0):
     return jnp.repeat(reduce(blocks, axis=-1), n, axis=-1)
 
 
-def _pruning_vectors(cfg, qp, kp, vectors, length):
+def _pruning_vectors(cfg, qp, kp, vectors, length, norms=None):
     """The per-block scalars of the forward's pruning test (forward.py), [B, H, Tp] each; its
     key-level bound also reads kp, the key block's lowest level, which prepare forms for the
-    share paths."""
+    share paths. norms: the forward's `block_norms` [B, H, nb, 3], else formed from qp, kp."""
     n = cfg.block
     real = (jnp.arange(qp.shape[1]) < length)[None, None, :]
-    if cfg.content:
-        diag, qn, kn = pruning_norms(qp, kp, cfg.scale)
+    if norms is None:
+        norms = block_norms(qp, kp, cfg.scale, length, n, cfg.content)
     else:
-        batch, padded, heads, _ = qp.shape
-        diag = qn = kn = jnp.zeros((batch, heads, padded), jnp.float32)
-    out = {"dmin": _per_block(diag, n, jnp.min, real, BIG), "qn": _per_block(qn, n, jnp.max),
-           "kn": _per_block(kn, n, jnp.max)}
+        norms = tuple(norms[..., index] for index in range(3))
+    out = {name: jnp.repeat(x, n, axis=-1) for name, x in zip(("dmin", "qn", "kn"), norms)}
     if cfg.mode == "separable":
         out["rmax"] = _per_block(vectors["row"], n, jnp.max, real, -BIG)
         out["cmin"] = _per_block(vectors["col"], n, jnp.min)
@@ -140,8 +138,9 @@ def _pruning_vectors(cfg, qp, kp, vectors, length):
     return out
 
 
-def prepare(cfg, q, k, v, out, lse, dout, bias, segment_ids):
-    """XLA pre-pass: padded tiles and the packed per-block vectors the kernels read."""
+def prepare(cfg, q, k, v, out, lse, dout, bias, segment_ids, norms=None):
+    """XLA pre-pass: padded tiles and the packed per-block vectors the kernels read (norms:
+    the forward's `block_norms`, or None to form them here)."""
     batch, length, heads, _ = q.shape
     n = cfg.block
     padded = padded_length(length, n)
@@ -192,7 +191,7 @@ def prepare(cfg, q, k, v, out, lse, dout, bias, segment_ids):
         ends = document_end_index(segment_ids, padded, n)
         vectors["dend"] = jnp.broadcast_to(ends[:, None, :], (batch, heads, padded))
     if cfg.prunes:
-        vectors.update(_pruning_vectors(cfg, qp, kp, vectors, length))
+        vectors.update(_pruning_vectors(cfg, qp, kp, vectors, length, norms))
     if cfg.mode == "separable":   # the tiles subtract lse with the row (Tile.logits_and_bias)
         vectors["row"] = vectors["row"] - vectors.pop("lse")
     for name in ("lse", "row", "col"):   # the tiles' base 2 (backward_kernels.Tile.probs)
@@ -281,10 +280,15 @@ def _check(q, k, v, out, lse, dout, bias, segment_ids, block):
 
 def attention_backward(q, k, v, out, lse, dout, bias=NoBias(), *, scale: float,
                        segment_ids: Optional[jnp.ndarray] = None, block: int = BLOCK,
-                       prune: bool = False):
-    """Gradients of causal biased attention; see the module docstring."""
+                       prune: bool = False, norms: Optional[jnp.ndarray] = None):
+    """Gradients of causal biased attention; see the module docstring. norms: the forward's
+    pruning norms (`attention_forward(..., return_norms=True)`), used when pruning."""
     _check(q, k, v, out, lse, dout, bias, segment_ids, block)
     cfg = kernel_config(bias, scale, segment_ids, q.shape[1], block, prune)
-    args, field_state = prepare(cfg, q, k, v, out, lse, dout, bias, segment_ids)
+    if norms is not None:
+        expected = (q.shape[0], q.shape[2], padded_length(q.shape[1], block) // block, 3)
+        if norms.shape != expected:
+            raise ValueError(f"norms: expected shape {expected} [B, H, nb, 3], got {norms.shape}")
+    args, field_state = prepare(cfg, q, k, v, out, lse, dout, bias, segment_ids, norms)
     beta_dtype = bias.beta.dtype if cfg.mode == "fpa" else jnp.float32
     return finish(cfg, run_kernels(cfg, args), field_state, q.shape[1], beta_dtype)

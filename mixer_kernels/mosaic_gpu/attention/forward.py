@@ -2,7 +2,8 @@
 
     attention_forward(q, k, v, bias=NoBias(), *, scale, segment_ids=None, block=64,
                       prune=True, return_stats=False, p_in_registers=None,
-                      float32_out=False) -> (out, lse) [, out_f32] [, stats]
+                      float32_out=False, return_norms=False)
+        -> (out, lse) [, out_f32] [, norms] [, stats]
 
     logit_ts = scale <q_t, k_s> + b_ts        valid: s <= t and doc(s) == doc(t)
     lse_t    = log sum_{s valid} exp(logit_ts)      natural log, float32, [B, H, T]
@@ -105,13 +106,29 @@ def _check(q, k, v, bias, segment_ids, block):
         raise ValueError(f"segment_ids: expected shape {(batch, length)}, got {segment_ids.shape}")
 
 
+def block_norms(qp, kp, scale, length, n, content=True):
+    """The pruning test's per-block norms of padded qp, kp [B, Tp, H, D]: (dmin, qn, kn), each
+    [B, H, nb] float32: the lowest scale <q_t, k_t> over the block's real positions, the
+    largest scale |q_t| and the largest |k_s| (zeros without content)."""
+    batch, padded, heads, _ = qp.shape
+    if content:
+        diag, qn, kn = pruning_norms(qp, kp, scale)
+    else:
+        diag = qn = kn = jnp.zeros((batch, heads, padded), jnp.float32)
+    real = (jnp.arange(padded) < length)[None, None, :]
+    return (_masked_block(diag, real, n, jnp.min, BIG), _blocks(qn, n).max(-1),
+            _blocks(kn, n).max(-1))
+
+
 def attention_forward(q, k, v, bias=NoBias(), *, scale: float,
                       segment_ids: Optional[jnp.ndarray] = None, block: int = BLOCK,
                       prune: bool = True, return_stats: bool = False,
-                      p_in_registers: Optional[bool] = None, float32_out: bool = False):
+                      p_in_registers: Optional[bool] = None, float32_out: bool = False,
+                      return_norms: bool = False):
     """Causal biased attention forward; see the module docstring. p_in_registers: None picks
     True for 16-bit inputs on the GPU, False in the GPU interpreter (which needs P in shared
-    memory) and for float32."""
+    memory) and for float32. return_norms (with pruning): also return `block_norms` stacked,
+    [B, H, nb, 3], which the backward takes instead of reducing q and k again."""
     _check(q, k, v, bias, segment_ids, block)
     batch, length, heads, head_dim = q.shape
     n = block
@@ -135,14 +152,9 @@ def attention_forward(q, k, v, bias=NoBias(), *, scale: float,
     if segment_ids is not None:
         starts = document_start_index(segment_ids, padded)
         vec["start"] = jnp.broadcast_to(starts[:, None, :], (batch, heads, padded))
+    norms = block_norms(qp, kp, cfg.scale, length, n, content) if prune else None
     if prune:
-        if content:
-            diag, qn, kn = pruning_norms(qp, kp, cfg.scale)
-        else:
-            diag = qn = kn = jnp.zeros((batch, heads, padded), jnp.float32)
-        vec["dmin"] = _per_block(_masked_block(diag, real, n, jnp.min, BIG), n)
-        vec["qn"] = _per_block(_blocks(qn, n).max(-1), n)
-        vec["kn"] = _per_block(_blocks(kn, n).max(-1), n)
+        vec["dmin"], vec["qn"], vec["kn"] = (_per_block(x, n) for x in norms)
     if mode == "separable":
         vec["row"] = heads_major(bias.row, padded)
         vec["col"] = heads_major(bias.col, padded)
@@ -182,6 +194,11 @@ def attention_forward(q, k, v, bias=NoBias(), *, scale: float,
     outs = forward_kernel(cfg, qp, kp, vp, rowp, colp)
     out, lse = outs[0][:, :length], outs[1][:, :, :length]
     results = (out, lse) + ((outs[-1][:, :length],) if cfg.float32_out else ())
+    if return_norms:
+        if norms is None:
+            raise ValueError("return_norms: the norms exist only with pruning (prune=True and "
+                             "a bias)")
+        results += (jnp.stack(norms, axis=-1),)
     if not return_stats:
         return results
     pruned = outs[2][..., 0].sum() if cfg.count_pruned else jnp.float32(0.0)

@@ -16,7 +16,9 @@ Delta_t = <dout_t, out_t> carries no rounding of out: d log_forget_u sums dS ove
 s < u <= t, where a per-row error e_t of Delta enters as e_t sum_{s<u} P_ts and does not
 cancel (relative error of d log_forget at (1, 200, 2, 64), gates sigmoid(5 + N(0, 1)), four
 draws: 1.4e-3 .. 4.6e-3 from the bf16 out, 1.2e-3 .. 2.5e-3 from the float32 one).
-The residual costs 4 bytes per output element instead of 2. The FPA backward also centres
+The residual costs 4 bytes per output element instead of 2. With pruning the biased ops also
+keep the forward's per-block norms of the pruning test ([B, H, nb, 3], forward.block_norms),
+so the backward does not reduce q and k over D again. The FPA backward also centres
 dbeta per row (backward_kernels.py). ALiBi's
 row = col = -slope * t (d slope from them). block_size is a tuning knob of the "xla" paths; the
 kernels use their own block of 64 (the result does not depend on it).
@@ -70,24 +72,29 @@ def _fpa_bias(phi, psi, beta, static):
 
 
 def _fpa_forward(q, k, v, phi, psi, beta, segment_ids, static):
+    """(out, lse, out32, norms or None)."""
     scale, *_, prune = static
-    return attention_forward(q, k, v, _fpa_bias(phi, psi, beta, static), scale=scale,
-                             segment_ids=segment_ids, prune=prune, float32_out=True)
+    outs = attention_forward(q, k, v, _fpa_bias(phi, psi, beta, static), scale=scale,
+                             segment_ids=segment_ids, prune=prune, float32_out=True,
+                             return_norms=prune)
+    return outs if prune else outs + (None,)
 
 
-def _fpa_backward(q, k, v, phi, psi, beta, segment_ids, out, lse, dout, static):
+def _fpa_backward(q, k, v, phi, psi, beta, segment_ids, out, lse, norms, dout, static):
     return attention_backward(q, k, v, out, lse, dout, _fpa_bias(phi, psi, beta, static),
-                              scale=static[0], segment_ids=segment_ids, prune=static[-1])
+                              scale=static[0], segment_ids=segment_ids, prune=static[-1],
+                              norms=norms)
 
 
 def _fpa_fwd(q, k, v, phi, psi, beta, segment_ids, static):
-    out, lse, out32 = _program(_fpa_forward, static)(q, k, v, phi, psi, beta, segment_ids)
-    return out, (q, k, v, phi, psi, beta, segment_ids, out32, lse)
+    out, lse, out32, norms = _program(_fpa_forward, static)(q, k, v, phi, psi, beta,
+                                                            segment_ids)
+    return out, (q, k, v, phi, psi, beta, segment_ids, out32, lse, norms)
 
 
 def _fpa_bwd(static, residuals, dout):
     dq, dk, dv, (dphi, dpsi, dbeta) = _program(_fpa_backward, static)(*residuals, dout)
-    q, k, v, phi, psi, beta, segment_ids, out, lse = residuals
+    q, k, v, phi, psi, beta, segment_ids, out, lse, _ = residuals
     return (dq, dk, dv, dphi.astype(phi.dtype), dpsi.astype(psi.dtype), dbeta,
             _segment_cotangent(segment_ids))
 
@@ -112,20 +119,24 @@ def _separable(q, k, v, row, col, segment_ids, scale, prune):
 
 
 def _separable_forward(q, k, v, row, col, segment_ids, static):
+    """(out, lse, out32, norms or None)."""
     scale, prune = static
-    return attention_forward(q, k, v, SeparableBias(row, col), scale=scale,
-                             segment_ids=segment_ids, prune=prune, float32_out=True)
+    outs = attention_forward(q, k, v, SeparableBias(row, col), scale=scale,
+                             segment_ids=segment_ids, prune=prune, float32_out=True,
+                             return_norms=prune)
+    return outs if prune else outs + (None,)
 
 
-def _separable_backward(q, k, v, row, col, segment_ids, out, lse, dout, static):
+def _separable_backward(q, k, v, row, col, segment_ids, out, lse, norms, dout, static):
     scale, prune = static
     return attention_backward(q, k, v, out, lse, dout, SeparableBias(row, col), scale=scale,
-                              segment_ids=segment_ids, prune=prune)
+                              segment_ids=segment_ids, prune=prune, norms=norms)
 
 
 def _separable_fwd(q, k, v, row, col, segment_ids, scale, prune):
-    out, lse, out32 = _program(_separable_forward, (scale, prune))(q, k, v, row, col, segment_ids)
-    return out, (q, k, v, row, col, segment_ids, out32, lse)
+    out, lse, out32, norms = _program(_separable_forward, (scale, prune))(q, k, v, row, col,
+                                                                         segment_ids)
+    return out, (q, k, v, row, col, segment_ids, out32, lse, norms)
 
 
 def _separable_bwd(scale, prune, residuals, dout):

@@ -128,3 +128,20 @@ def test_default_picks_the_kernel_on_hopper_and_xla_elsewhere(op):
     assert pick(dtype=jnp.dtype(jnp.float32)) == "xla"
     assert pick(platform="cpu", compute_capability=None) == "xla"
     assert pick(compute_capability="8.0") in ("cudnn", "xla")
+
+
+@pytest.mark.parametrize("op", ["fpa", "fox"])
+def test_backward_takes_the_forward_pruning_norms(op):
+    """The biased ops keep the forward's per-block norms of the pruning test for the backward:
+    the traced gradient reduces q and k over D once (two square roots: |q|, |k|), not again in
+    the backward program (four)."""
+    from mixer_kernels.mosaic_gpu.attention import vjp
+    q, k, v, dout, phi, psi, beta, log_forget = _inputs(0, 1, 72, 2)
+    q, k, v = (x.astype(jnp.bfloat16) for x in (q, k, v))
+    if op == "fpa":
+        fn = lambda q, k, v: vjp.fpa_pallas(q, k, v, phi, psi, beta, None, scale=0.125)
+    else:
+        fn = lambda q, k, v: vjp.fox_pallas(q, k, v, log_forget, None, scale=0.125)
+    loss = lambda *a: jnp.sum(fn(*a).astype(jnp.float32) * dout)
+    text = str(jax.make_jaxpr(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v))
+    assert text.count("sqrt") == 2, text.count("sqrt")
