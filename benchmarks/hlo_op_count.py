@@ -36,24 +36,27 @@ def programs(op, shape, segments=True):
     single = lambda *s: jax.ShapeDtypeStruct(s, jnp.float32)
     qkv = (half(*shape),) * 3
     segments = jax.ShapeDtypeStruct((batch, length), jnp.int32) if segments else None
-    saved = (single(*shape), single(batch, heads, length), half(*shape))   # out, lse, dout
+    out_lse = (single(*shape), single(batch, heads, length))
+    norms = (single(batch, heads, -(-length // 64), 3),)   # the pruning norms (biased ops)
+    dout = (half(*shape),)
     scale = dim ** -0.5
     if op == "fpa":
         static = (scale, 1.0, False, True, True)
         fields = (single(batch, length, heads),) * 2 + (single(heads),)
         return {"forward": (lambda *a: vjp._fpa_forward(*a, static), qkv + fields + (segments,)),
                 "backward": (lambda *a: vjp._fpa_backward(*a, static),
-                             qkv + fields + (segments,) + saved)}
+                             qkv + fields + (segments,) + out_lse + norms + dout)}
     if op == "fox":
         static = (scale, True)
         gates = (single(batch, length, heads),) * 2
         return {"forward": (lambda *a: vjp._separable_forward(*a, static),
                             qkv + gates + (segments,)),
                 "backward": (lambda *a: vjp._separable_backward(*a, static),
-                             qkv + gates + (segments,) + saved)}
+                             qkv + gates + (segments,) + out_lse + norms + dout)}
     static = (scale, True)
     return {"forward": (lambda *a: vjp._plain_forward(*a, static), qkv + (segments,)),
-            "backward": (lambda *a: vjp._plain_backward(*a, static), qkv + (segments,) + saved)}
+            "backward": (lambda *a: vjp._plain_backward(*a, static),
+                         qkv + (segments,) + out_lse + dout)}
 
 
 def ops_by_line(fn, args):
