@@ -256,6 +256,8 @@ def test_bad_inputs_name_the_argument():
     with pytest.raises(ValueError, match="SeparableBias.row"):
         attention_backward(q, q, q, q, lse, q, SeparableBias(jnp.zeros((1, 7, 1)),
                                                              jnp.zeros((1, 8, 1))), scale=1.0)
+    with pytest.raises(ValueError, match=r"norms: expected shape \(1, 1, 1, 3\)"):
+        attention_backward(q, q, q, q, lse, q, scale=1.0, norms=jnp.zeros((1, 1, 2, 3)))
 
 
 def _fpa_case(seed, length, phi, psi, dim=64):
