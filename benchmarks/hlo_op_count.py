@@ -23,7 +23,9 @@ from benchmarks import fpa_backward_options  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
+from mixer_core.padding import padded_length  # noqa: E402
 from mixer_kernels.mosaic_gpu.attention import vjp  # noqa: E402
+from mixer_kernels.mosaic_gpu.attention.common import BLOCK  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + "/"
 
@@ -37,7 +39,7 @@ def programs(op, shape, segments=True):
     qkv = (half(*shape),) * 3
     segments = jax.ShapeDtypeStruct((batch, length), jnp.int32) if segments else None
     out_lse = (single(*shape), single(batch, heads, length))
-    norms = (single(batch, heads, -(-length // 64), 3),)   # the pruning norms (biased ops)
+    norms = (single(batch, heads, padded_length(length, BLOCK) // BLOCK, 3),)  # pruning norms
     dout = (half(*shape),)
     scale = dim ** -0.5
     if op == "fpa":

@@ -127,8 +127,9 @@ def attention_forward(q, k, v, bias=NoBias(), *, scale: float,
                       return_norms: bool = False):
     """Causal biased attention forward; see the module docstring. p_in_registers: None picks
     True for 16-bit inputs on the GPU, False in the GPU interpreter (which needs P in shared
-    memory) and for float32. return_norms (with pruning): also return `block_norms` stacked,
-    [B, H, nb, 3], which the backward takes instead of reducing q and k again."""
+    memory) and for float32. return_norms: also return `block_norms` stacked, [B, H, nb, 3],
+    which the backward takes instead of reducing q and k again (None where nothing is
+    pruned: prune=False or no bias)."""
     _check(q, k, v, bias, segment_ids, block)
     batch, length, heads, head_dim = q.shape
     n = block
@@ -195,10 +196,7 @@ def attention_forward(q, k, v, bias=NoBias(), *, scale: float,
     out, lse = outs[0][:, :length], outs[1][:, :, :length]
     results = (out, lse) + ((outs[-1][:, :length],) if cfg.float32_out else ())
     if return_norms:
-        if norms is None:
-            raise ValueError("return_norms: the norms exist only with pruning (prune=True and "
-                             "a bias)")
-        results += (jnp.stack(norms, axis=-1),)
+        results += (None if norms is None else jnp.stack(norms, axis=-1),)
     if not return_stats:
         return results
     pruned = outs[2][..., 0].sum() if cfg.count_pruned else jnp.float32(0.0)

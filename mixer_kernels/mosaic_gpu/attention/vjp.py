@@ -74,10 +74,9 @@ def _fpa_bias(phi, psi, beta, static):
 def _fpa_forward(q, k, v, phi, psi, beta, segment_ids, static):
     """(out, lse, out32, norms or None)."""
     scale, *_, prune = static
-    outs = attention_forward(q, k, v, _fpa_bias(phi, psi, beta, static), scale=scale,
+    return attention_forward(q, k, v, _fpa_bias(phi, psi, beta, static), scale=scale,
                              segment_ids=segment_ids, prune=prune, float32_out=True,
-                             return_norms=prune)
-    return outs if prune else outs + (None,)
+                             return_norms=True)
 
 
 def _fpa_backward(q, k, v, phi, psi, beta, segment_ids, out, lse, norms, dout, static):
@@ -121,10 +120,9 @@ def _separable(q, k, v, row, col, segment_ids, scale, prune):
 def _separable_forward(q, k, v, row, col, segment_ids, static):
     """(out, lse, out32, norms or None)."""
     scale, prune = static
-    outs = attention_forward(q, k, v, SeparableBias(row, col), scale=scale,
+    return attention_forward(q, k, v, SeparableBias(row, col), scale=scale,
                              segment_ids=segment_ids, prune=prune, float32_out=True,
-                             return_norms=prune)
-    return outs if prune else outs + (None,)
+                             return_norms=True)
 
 
 def _separable_backward(q, k, v, row, col, segment_ids, out, lse, norms, dout, static):

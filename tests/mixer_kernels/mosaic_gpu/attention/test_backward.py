@@ -351,12 +351,12 @@ def test_fpa_flat_fields_take_no_field_work():
         assert np.all(np.asarray(g) == 0.0), name
 
 
-
 def test_backward_packs_the_forward_pruning_norms():
     """prepare with the forward's block norms packs what it forms itself from q and k (up to
     the rounding of a reduction compiled in another program), and reads them: other norms
     change the packed pruning rows."""
     from mixer_kernels.mosaic_gpu.attention import backward as bwd
+    from mixer_core.padding import pad_time, padded_length
     from mixer_kernels.mosaic_gpu.attention.forward import block_norms
     batch, length, heads = 1, 100, 2
     q, k, v, dout = _qkv(case_seed(610), (batch, length, heads, 64), jnp.bfloat16)
@@ -364,9 +364,8 @@ def test_backward_packs_the_forward_pruning_norms():
     c = jnp.cumsum(jnp.full((batch, length, heads), -0.3), axis=1)
     bias = SeparableBias(c, c)
     cfg = bwd.kernel_config(bias, 0.125, None, length, prune=True, lhs_in_registers=False)
-    padded = jnp.pad(q, ((0, 0), (0, 28), (0, 0), (0, 0))), jnp.pad(k, ((0, 0), (0, 28), (0, 0),
-                                                                         (0, 0)))
-    norms = jnp.stack(block_norms(*padded, 0.125, length, 64), axis=-1)
+    qp, kp = (pad_time(x, padded_length(length, 64), 1) for x in (q, k))
+    norms = jnp.stack(block_norms(qp, kp, 0.125, length, 64), axis=-1)
     packs = lambda norms: jax.jit(lambda: bwd.prepare(cfg, q, k, v, v, lse, dout, bias, None,
                                                       norms)[0][4:6])()
     for got, want in zip(packs(norms), packs(None)):
