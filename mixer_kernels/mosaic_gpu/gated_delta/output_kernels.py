@@ -21,13 +21,15 @@ operand dtype (XLA rounds the float32 states in one pass), U in float32.
     W [N, B, HV, C, K], P [N, B, HV, C, C] (q's dtype)     U [N, B, HV, C, V] float32
     e [N, B, HV, 1, C] float32                             dO [B, Tp, HV, V] (q's dtype)
     -> O [B, Tp, HV, V] float32
-    -> dq [B, Tp, HV, K] float32 (per value head; summed over the group in XLA),
+    -> dq [B, Tp, HV, K] in q's dtype for group 1, else float32 per value head (summed over
+       the group in XLA),
        dS [N, B, HV, K, V] float32, dW [N, B, HV, C, K] (q's dtype), dU [N, B, HV, C, V]
        float32, dP [N, B, HV, C, C] (q's dtype), de [N, B, HV, 1, C] float32
 
 Value head hv reads q head hv // (HV // H). Shared memory is reused: O is staged in U's
 place and, for K = V, N in W's (two blocks per SM at K = V = 128); in the backward dP in P's, dU in U's, D in dO's and, for K = V, dq in U's (once dU has
-left) and dW in N's. Then a block needs 49 / 90 KiB (forward / backward) at K = V = 64 and
+left) and dW in N's; for group 1 dq goes out in q's dtype from Q's place once dS is formed.
+Then a block needs 49 / 90 KiB (forward / backward) at K = V = 64 and
 105 / 218 KiB at K = V = 128 (bf16).
 """
 
@@ -52,7 +54,7 @@ def smem_bytes(key_dim, value_dim, operand_dtype, backward: bool) -> int:
     work = 3 * c * value_dim * op                                       # dO then D, N, dN
     staging = key_dim * value_dim * 4 + c * 4                           # dS, de
     if key_dim != value_dim:
-        staging += c * key_dim * (op + 4)                               # dW, dq
+        staging += c * key_dim * (op + 4)                               # dW, dq (group > 1)
     return inputs + work + staging + 1024
 
 
@@ -116,9 +118,9 @@ def forward(q, states, w, u, p, e, *, scale, interpret=None):
 
 
 def backward(q, states, w, u, p, e, d_out, *, scale, with_dw=True, interpret=None):
-    """(dq [B, Tp, HV, K] float32, dS, dW, dU, dP, de); see the module docstring. Without
-    with_dw, dW (= -dU S^T, which a caller may form from a summed dU) is neither formed nor
-    returned."""
+    """(dq [B, Tp, HV, K], dS, dW, dU, dP, de); see the module docstring (dq in q's dtype for
+    group 1, float32 partials otherwise). Without with_dw, dW (= -dU S^T, which a caller may
+    form from a summed dU) is neither formed nor returned."""
     num_chunks, batch, num_heads, key_dim, num_v_heads, value_dim, group = _shapes(q, states)
     op_dtype, c = q.dtype, CHUNK
     check_smem("chunk output backward kernel",
@@ -128,7 +130,8 @@ def backward(q, states, w, u, p, e, d_out, *, scale, with_dw=True, interpret=Non
         dw_ref = refs[0] if with_dw else None
         (du_ref, dp_ref, de_ref, q_s, s_s, w_s, u_s, p_s, e_s, do_s, n_s, dn_s, ds_s, de_s,
          loaded, *separate) = refs[1:] if with_dw else refs
-        dw_s, dq_s = separate if separate else (n_s, u_s)
+        dw_s = separate[0] if separate else n_s
+        dq_s = q_s if group == 1 else (separate[1] if separate else u_s)
         chunk, head, b = (lax.axis_index(n) for n in ("c", "hv", "b"))
         tokens = pl.ds(chunk * c, c)
         for src, dst in ((q_ref.at[b, tokens, head // group], q_s),
@@ -167,9 +170,12 @@ def backward(q, states, w, u, p, e, d_out, *, scale, with_dw=True, interpret=Non
             dw_s[...] = d_w.astype(op_dtype)
         else:
             d_q = matmul(do_s, s_s.T, (c, key_dim))
-        if not separate:
-            plgpu.wait_smem_to_gmem(0, wait_read_only=True)       # dU has left U's place
-        dq_s[...] = d_q
+        if group == 1:
+            dq_s[...] = d_q.astype(op_dtype)                      # Q is read by dS only
+        else:
+            if not separate:
+                plgpu.wait_smem_to_gmem(0, wait_read_only=True)   # dU has left U's place
+            dq_s[...] = d_q
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(dq_s, dq_ref.at[b, tokens, head])
         plgpu.copy_smem_to_gmem(ds_s, ds_ref.at[chunk, b, head])
@@ -178,16 +184,17 @@ def backward(q, states, w, u, p, e, d_out, *, scale, with_dw=True, interpret=Non
         plgpu.wait_smem_to_gmem(0)
 
     chunk_major = (num_chunks, batch, num_v_heads)
-    out_type = (jax.ShapeDtypeStruct((batch, q.shape[1], num_v_heads, key_dim), jnp.float32),
+    dq_dtype = op_dtype if group == 1 else jnp.float32
+    out_type = (jax.ShapeDtypeStruct((batch, q.shape[1], num_v_heads, key_dim), dq_dtype),
                 jax.ShapeDtypeStruct((*chunk_major, key_dim, value_dim), jnp.float32),
                 *([jax.ShapeDtypeStruct((*chunk_major, c, key_dim), op_dtype)] if with_dw else []),
                 jax.ShapeDtypeStruct((*chunk_major, c, value_dim), jnp.float32),
                 jax.ShapeDtypeStruct((*chunk_major, c, c), op_dtype),
                 jax.ShapeDtypeStruct((*chunk_major, 1, c), jnp.float32))
-    scratch = (swizzled_smem((c, key_dim), op_dtype),          # Q
+    scratch = (swizzled_smem((c, key_dim), op_dtype),          # Q, then dq (group 1)
                swizzled_smem((key_dim, value_dim), op_dtype),  # S
                swizzled_smem((c, key_dim), op_dtype),          # W
-               swizzled_smem((c, value_dim), jnp.float32),     # U, then dU, dq (K = V)
+               swizzled_smem((c, value_dim), jnp.float32),     # U, then dU, dq (K = V, group > 1)
                swizzled_smem((c, c), op_dtype),                # P, then dP
                plgpu.SMEM((1, c), jnp.float32),                # e
                swizzled_smem((c, value_dim), op_dtype),        # dO, then D = scale diag(e) dO
@@ -197,7 +204,8 @@ def backward(q, states, w, u, p, e, d_out, *, scale, with_dw=True, interpret=Non
                plgpu.SMEM((1, c), jnp.float32),                # de
                plgpu.Barrier(num_arrivals=7))
     if key_dim != value_dim:
-        scratch += (swizzled_smem((c, key_dim), op_dtype),      # dW
-                    swizzled_smem((c, key_dim), jnp.float32))   # dq
+        scratch += (swizzled_smem((c, key_dim), op_dtype),)     # dW
+        if group > 1:
+            scratch += (swizzled_smem((c, key_dim), jnp.float32),)   # dq
     return per_chunk(kernel, "delta_rule_chunk_outputs_backward", out_type, scratch,
                      (num_chunks, num_v_heads, batch), interpret)(q, states, w, u, p, e, d_out)

@@ -258,32 +258,42 @@ def _wy_kernel(scale, with_inverse):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
 def wy_preparation(q, k, v, rows, scale):
-    """(W, U, Kw, P) chunk-major from the kernel (`wy_kernel.prepare`). Backward (no residuals
-    beyond the inputs), by `INTRA_BACKWARD`: the kernel runs again for T = (I + A)^{-1}, then
-    `wy.prepare_backward` with T given, or `wy_backward_kernel.backward` forms all."""
-    return _wy_kernel(scale, False)(q, k, v, rows)
+    """(W, U, Kw, P) chunk-major from the kernel (`wy_kernel.prepare`), then q itself: the
+    callers read q through this output, so that the cotangent of q from its other readers (the
+    chunk outputs) reaches this backward. Backward (no residuals beyond the inputs), by
+    `INTRA_BACKWARD`: the kernel runs again for T = (I + A)^{-1}, then `wy.prepare_backward`
+    with T given, or `wy_backward_kernel.backward` forms all; for group 1 that kernel adds the
+    outputs' dq to its own in float32 before rounding, else XLA adds the two."""
+    return _wy_preparation_fwd(q, k, v, rows, scale)[0]
 
 
 def _wy_preparation_fwd(q, k, v, rows, scale):
-    return _wy_kernel(scale, False)(q, k, v, rows), (q, k, v, rows)
+    return (*_wy_kernel(scale, False)(q, k, v, rows), q), (q, k, v, rows)
 
 
 @functools.cache
-def _wy_backward_kernel(scale):
+def _wy_backward_kernel(scale, with_dq_more):
     """`wy_backward_kernel.backward` behind one jax.jit, batchable by vmap (B is axis 0 of q,
-    k, v, rows and of the outputs, 1 of the cotangents)."""
-    return _folding_batch_axes(
-        jax.jit(lambda q, k, v, rows, *cotangents: wy_backward_kernel.backward(
-            q, k, v, rows, cotangents, scale=scale)),
-        in_axes=(0, 0, 0, 0, 1, 1, 1, 1), out_axes=(0, 0, 0, 0))
+    k, v, rows, dq_more and of the outputs, 1 of the cotangents)."""
+    def run(q, k, v, rows, *cotangents):
+        dq_more = cotangents[4] if with_dq_more else None
+        return wy_backward_kernel.backward(q, k, v, rows, cotangents[:4], dq_more, scale=scale)
+
+    return _folding_batch_axes(jax.jit(run), in_axes=(0, 0, 0, 0, 1, 1, 1, 1, 0)[
+        :9 if with_dq_more else 8], out_axes=(0, 0, 0, 0))
 
 
 def _wy_preparation_bwd(scale, residuals, cotangents):
     _, k, v, _ = residuals
+    *cotangents, d_q_more = cotangents
     if INTRA_BACKWARD == "pallas" and wy_backward_kernel.fits(k.shape[-1], v.shape[-1]):
-        return _wy_backward_kernel(scale)(*residuals, *cotangents)
-    inverse = _wy_kernel(scale, True)(*residuals)[4]
-    return wy.prepare_backward(*residuals, inverse, cotangents, scale=scale)
+        if v.shape[2] == k.shape[2]:         # group 1: the kernel adds the outputs' dq
+            return _wy_backward_kernel(scale, True)(*residuals, *cotangents, d_q_more)
+        d_q, *rest = _wy_backward_kernel(scale, False)(*residuals, *cotangents)
+    else:
+        inverse = _wy_kernel(scale, True)(*residuals)[4]
+        d_q, *rest = wy.prepare_backward(*residuals, inverse, cotangents, scale=scale)
+    return (d_q + d_q_more, *rest)
 
 
 wy_preparation.defvjp(_wy_preparation_fwd, _wy_preparation_bwd)
@@ -329,7 +339,7 @@ def _chunked_body(q, k, v, g, beta, initial_state, segment_ids, *, scale, tiling
     q, k, v = (pad_time(x.astype(op_dtype), padded) for x in (q, k, v))
     rows, entering_decay = wy.chunk_rows(pad_time(g, padded), pad_time(beta, padded),
                                          segment_ids, num_chunks, CHUNK)    # e [N, B, HV, C]
-    state_weights, base_values, weighted_keys, attention = wy_preparation(q, k, v, rows, scale)
+    state_weights, base_values, weighted_keys, attention, q = wy_preparation(q, k, v, rows, scale)
     if initial_state is None:
         state = jnp.zeros((batch, num_v_heads, key_dim, value_dim), jnp.float32)
     else:
@@ -355,6 +365,14 @@ def _chunked_body(q, k, v, g, beta, initial_state, segment_ids, *, scale, tiling
     out = outputs(q, states, state_weights, base_values, attention, entering_decay, scale,
                   dtype)
     return out[:, :seq_len], final_state.astype(dtype)
+
+
+def _summed_over_group(d_q, q):
+    """The output backward kernel's dq [B, Tp, HV, K] (q's dtype for group 1, float32 partials
+    per value head otherwise) as q's cotangent [B, Tp, H, K] in q's dtype."""
+    if d_q.shape[2] != q.shape[2]:
+        d_q = d_q.reshape(*q.shape[:3], -1, q.shape[3]).sum(3)
+    return d_q.astype(q.dtype)
 
 
 @functools.cache
@@ -391,14 +409,14 @@ def _chunk_outputs_pallas_fwd(q, states, state_weights, base_values, attention, 
 
 def _chunk_outputs_pallas_bwd(scale, dtype, residuals, d_out):
     q, states, state_weights, base_values, attention, entering_decay = residuals
-    heads, key_dim, value_dim = q.shape[2], q.shape[3], states.shape[-1]
+    key_dim, value_dim = q.shape[3], states.shape[-1]
     if not output_kernels.fits(key_dim, value_dim, backward=True):
         _, pull = jax.vjp(lambda *xs: chunk_outputs(*xs, scale, dtype), *residuals)
         return pull(d_out)
     d_q, d_states, d_w, d_u, d_p, d_e = _output_kernels(scale)[1](
         q, states.astype(q.dtype), state_weights, base_values, attention,
         entering_decay[..., None, :], d_out.astype(q.dtype))
-    d_q = d_q.reshape(*q.shape[:2], heads, -1, key_dim).sum(3).astype(q.dtype)
+    d_q = _summed_over_group(d_q, q)
     return d_q, d_states, d_w, d_u, d_p, d_e[..., 0, :]
 
 
@@ -431,7 +449,6 @@ def _recurrence_and_outputs_fwd(kw, w, u, rho, s0, q, attention, entering_decay,
 def _recurrence_and_outputs_bwd(tiling, scale, dtype, residuals, cotangents):
     kw, w, u, rho, states, q, attention, entering_decay = residuals
     d_out, d_final = cotangents
-    heads, key_dim = q.shape[2], q.shape[3]
     d_q, d_states, d_u_out, d_p, d_e = _output_kernels(scale, False)[1](
         q, states.astype(q.dtype), w, u, attention, entering_decay[..., None, :],
         d_out.astype(q.dtype))
@@ -440,7 +457,7 @@ def _recurrence_and_outputs_bwd(tiling, scale, dtype, residuals, cotangents):
                                                         d_u_rec, u, w, d_u_out)
     d_rho = jnp.moveaxis(rows[..., 0, :].sum(-1), 0, -1)                        # [B, HV, N]
     d_rho = jnp.pad(d_rho, [(0, 0), (0, 0), (0, rho.shape[-1] - d_rho.shape[-1])])
-    d_q = d_q.reshape(*q.shape[:2], heads, -1, key_dim).sum(3).astype(q.dtype)
+    d_q = _summed_over_group(d_q, q)
     # d_u leaves in U's float32; the WY backward rounds it back, and XLA drops the pair
     return (d_kw.astype(kw.dtype), d_w.astype(w.dtype), d_u.astype(u.dtype), d_rho, d_s0,
             d_q, d_p, d_e[..., 0, :])

@@ -29,15 +29,17 @@ term, 2 for dA, dQ, 3 for dK); the C x C elementwise work and the row sums are f
     rows [B, HV, N, R, C] float32 (R = len(wy.ROWS))
     cotangents dW, dKw [N, B, HV, C, K], dU [N, B, HV, C, V], dP [N, B, HV, C, C] (dU goes to
     the operand dtype in XLA, as `wy.prepare_backward` casts it)
+    dq_more [B, Tp, H, K] in q's dtype or None: a cotangent of q from elsewhere (the chunk
+    outputs'), added to dQ in float32 before the one rounding (group 1 only)
     -> dq, dk, dv in the layouts and dtypes of q, k, v; drows [B, HV, N, R, C] float32
 
-Grouped heads (HV = group H): value head hv reads q/k head hv // group and writes its own
-partial dq, dk [B, Tp, HV, K] float32; XLA sums them over the group and casts (one fusion; a
-cast only for group 1). dv and drows are written in their final layouts.
+Grouped heads (HV = group H > 1): value head hv reads q/k head hv // group and writes its own
+partial dq, dk [B, Tp, HV, K] float32; XLA sums them over the group and casts. For group 1 the
+kernel writes dq and dk in q's and k's dtype. dv and drows are written in their final layouts.
 Shared memory is reused: W is staged in dKw's place, dR_K in dW's, dR_V in dU's, dS in dP's,
-dG in the inversion's scratch, dV in V's, and dq in dk's float32 staging tile once dk has been
-copied out. At K = V = 64 a block then takes 101 KiB, so two blocks share an SM (117 KiB with
-separate dq and dk tiles: one).
+dG in the inversion's scratch, dV in V's; then for group 1 dk goes out from dR_K's place and dq
+from dq_more's (or W's), for group > 1 dq from dk's float32 staging tile once dk has left it.
+At K = V = 64 a block takes 101 KiB (109 with dq_more), so two blocks share an SM.
 """
 
 import jax
@@ -59,7 +61,8 @@ def smem_bytes(key_dim, value_dim, operand_dtype) -> int:
     cotangents = (2 * key_dim + value_dim + c) * c * op
     work = (2 * c + value_dim) * c * op                     # inversion scratch (2), U
     staging = c * key_dim * 4 + rows                        # dk then dq, drows
-    return inputs + cotangents + work + staging + 1024
+    more = c * key_dim * op                                 # dq_more
+    return inputs + cotangents + work + staging + more + 1024
 
 
 def fits(key_dim, value_dim) -> bool:
@@ -68,9 +71,15 @@ def fits(key_dim, value_dim) -> bool:
     return smem_bytes(key_dim, value_dim, jnp.bfloat16) <= SMEM_BYTES
 
 
-def backward(q, k, v, rows, cotangents, *, scale, interpret=None):
-    """(dq, dk, dv, drows) as `wy.prepare_backward` returns them; see the module docstring."""
+def backward(q, k, v, rows, cotangents, dq_more=None, *, scale, interpret=None):
+    """(dq, dk, dv, drows) as `wy.prepare_backward` returns them, dq plus dq_more where given;
+    see the module docstring."""
     batch, num_heads, key_dim, num_v_heads, value_dim, group = head_sizes(k.shape, *v.shape[2:])
+    if dq_more is not None and (group != 1 or dq_more.shape != q.shape
+                                or dq_more.dtype != q.dtype):
+        raise ValueError(f"dq_more: expected {q.shape} {q.dtype} with group 1, got "
+                         f"{dq_more.shape} {dq_more.dtype} with group {group}")
+    more = dq_more is not None
     num_chunks = rows.shape[2]
     op_dtype = k.dtype
     c = CHUNK
@@ -79,12 +88,16 @@ def backward(q, k, v, rows, cotangents, *, scale, interpret=None):
                value_dim)
     row = {name: index for index, name in enumerate(wy.ROWS)}
 
-    def kernel(q_ref, k_ref, v_ref, rows_ref, dw_ref, du_ref, dkw_ref, dp_ref,
-               dq_ref, dk_ref, dv_ref, drows_ref,
-               q_s, k_s, v_s, rows_s, dw_s, du_s, dkw_s, dp_s, x_s, m_s, u_s, dk_s, drows_s,
-               loaded):
+    def kernel(q_ref, k_ref, v_ref, rows_ref, dw_ref, du_ref, dkw_ref, dp_ref, *refs):
+        if more:
+            dq_more_ref, *refs = refs
+        (dq_ref, dk_ref, dv_ref, drows_ref, q_s, k_s, v_s, rows_s, dw_s, du_s, dkw_s, dp_s,
+         x_s, m_s, u_s, dk_s, drows_s, loaded, *more_s) = refs
         chunk, head, b = (lax.axis_index(n) for n in ("c", "hv", "b"))
         tokens = pl.ds(chunk * c, c)
+        if more:
+            more_tile, more_loaded = more_s
+            plgpu.copy_gmem_to_smem(dq_more_ref.at[b, tokens, head], more_tile, more_loaded)
         for src, dst, barrier in (
                 (q_ref.at[b, tokens, head // group], q_s, 0),
                 (k_ref.at[b, tokens, head // group], k_s, 0),
@@ -140,19 +153,34 @@ def backward(q, k, v, rows, cotangents, *, scale, interpret=None):
         dp_s[...] = (scale * d_p * decay).astype(op_dtype)                   # dS
         plgpu.commit_smem()
 
-        dk_s[...] = (dk_s[...] + matmul(m_s, k_s, (c, key_dim)) + matmul(m_s.T, k_s, (c, key_dim))
-                     + matmul(dp_s.T, q_s, (c, key_dim)))
+        d_k = (dk_s[...] + matmul(m_s, k_s, (c, key_dim)) + matmul(m_s.T, k_s, (c, key_dim))
+               + matmul(dp_s.T, q_s, (c, key_dim)))
+        if group == 1:      # dR_K and W were last read by dA: dk, dq go out in 16 bits
+            dw_s[...] = d_k.astype(dw_s.dtype)
+            dk_tile = dw_s
+        else:
+            dk_s[...] = d_k
+            dk_tile = dk_s
         plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(dk_s, dk_ref.at[b, tokens, head])
+        plgpu.copy_smem_to_gmem(dk_tile, dk_ref.at[b, tokens, head])
         plgpu.copy_smem_to_gmem(drows_s, drows_ref.at[b, head, chunk])
         d_q = matmul(dp_s, k_s, (c, key_dim))
-        plgpu.wait_smem_to_gmem(0, wait_read_only=True)      # dk has left its staging tile
-        dk_s[...] = d_q                                      # dq, in dk's place
+        if group == 1:
+            dq_tile = more_tile if more else dkw_s
+            if more:
+                plgpu.barrier_wait(more_loaded)
+                d_q = d_q + dq_tile[...].astype(jnp.float32)
+            dq_tile[...] = d_q.astype(dq_tile.dtype)
+        else:
+            plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # dk has left its staging tile
+            dk_s[...] = d_q                                  # dq, in dk's place
+            dq_tile = dk_s
         plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(dk_s, dq_ref.at[b, tokens, head])
+        plgpu.copy_smem_to_gmem(dq_tile, dq_ref.at[b, tokens, head])
         plgpu.wait_smem_to_gmem(0)
 
-    partial = jax.ShapeDtypeStruct((batch, k.shape[1], num_v_heads, key_dim), jnp.float32)
+    partial = jax.ShapeDtypeStruct((batch, k.shape[1], num_v_heads, key_dim),
+                                   op_dtype if group == 1 else jnp.float32)
     out_type = (partial, partial, jax.ShapeDtypeStruct(v.shape, v.dtype),
                 jax.ShapeDtypeStruct(rows.shape, jnp.float32))
     row_tile = plgpu.SMEM((len(wy.ROWS), c), jnp.float32)
@@ -167,14 +195,19 @@ def backward(q, k, v, rows, cotangents, *, scale, interpret=None):
                swizzled_smem(shape, op_dtype),                # X, T diag(beta_e), T
                swizzled_smem(shape, op_dtype),                # A ⊙ M_s, T diag(beta), dG
                swizzled_smem((c, value_dim), op_dtype),       # U
-               swizzled_smem((c, key_dim), jnp.float32),      # dk, then dq
+               swizzled_smem((c, key_dim), jnp.float32),      # dk, then dq (group > 1)
                row_tile,                                      # drows
                plgpu.Barrier(num_arrivals=4, num_barriers=2))
+    if more:
+        scratch += (swizzled_smem((c, key_dim), op_dtype),     # dq_more, then dq
+                    plgpu.Barrier(num_arrivals=1))
     d_q, d_k, d_v, d_rows = per_chunk(kernel, "delta_rule_wy_backward", out_type, scratch,
                                       (num_chunks, num_v_heads, batch), interpret)(
-        q, k, v, rows, *(x.astype(op_dtype) for x in cotangents))
+        q, k, v, rows, *(x.astype(op_dtype) for x in cotangents), *([dq_more] if more else []))
 
     def summed(x, like):          # [B, Tp, HV, K] partials -> [B, Tp, H, K] in like's dtype
-        return x.reshape(*like.shape[:3], group, key_dim).sum(3).astype(like.dtype)
+        if group > 1:
+            x = x.reshape(*like.shape[:3], group, key_dim).sum(3)
+        return x.astype(like.dtype)
 
     return summed(d_q, q), summed(d_k, k), d_v, d_rows

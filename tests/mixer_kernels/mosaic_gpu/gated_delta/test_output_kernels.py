@@ -83,7 +83,8 @@ def test_kernels_match_the_oracle_and_its_autodiff(name):
     with interpret.gpu_interpret():
         got = jax.jit(lambda *a: output_kernels.forward(*a, scale=SCALE))(*args)
         d_q, *rest = jax.jit(lambda *a: output_kernels.backward(*a, scale=SCALE))(*args, d_out)
-    d_q = np.asarray(d_q).reshape(*d_q.shape[:2], heads, group, -1).sum(3)   # on the host
+    assert d_q.dtype == (args[0].dtype if group == 1 else jnp.float32)
+    d_q = np.asarray(d_q, np.float32).reshape(*d_q.shape[:2], heads, group, -1).sum(3)
     assert got.shape == want.shape and got.dtype == jnp.float32
     assert _rel(got, want) < bound, _rel(got, want)
     for label, a, b, x in zip(("dq", "dS", "dW", "dU", "dP", "de"), (d_q, *rest), want_grads,
@@ -106,13 +107,15 @@ def test_backward_without_dw_returns_the_rest_unchanged():
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
-@pytest.mark.parametrize("key_dim, value_dim, backward", [
-    (64, 64, False), (64, 64, True), (128, 128, True), (128, 64, True), (128, 64, "no dW"),
-    (64, 64, "no dW")])
-def test_kernels_lower_to_mosaic_gpu(key_dim, value_dim, backward):
-    """CUDA lowering on the CPU (bf16, grouped heads) runs Mosaic GPU's layout inference, which
-    interpret mode skips (the e column, the row sums of de, transposed operands)."""
-    args, d_out = _inputs(0, 1, 2, 1, 2, key_dim, value_dim, jnp.bfloat16)
+@pytest.mark.parametrize("key_dim, value_dim, backward, group", [
+    (64, 64, False, 2), (64, 64, True, 2), (128, 128, True, 2), (128, 64, True, 2),
+    (128, 64, "no dW", 2), (64, 64, "no dW", 2), (64, 64, "no dW", 1), (128, 128, "no dW", 1),
+    (128, 64, True, 1)])
+def test_kernels_lower_to_mosaic_gpu(key_dim, value_dim, backward, group):
+    """CUDA lowering on the CPU (bf16; grouped heads, or group 1 with dq in 16 bits) runs
+    Mosaic GPU's layout inference, which interpret mode skips (the e column, the row sums of
+    de, transposed operands)."""
+    args, d_out = _inputs(0, 1, 2, 1, group, key_dim, value_dim, jnp.bfloat16)
     args = tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (*args, d_out))
     if backward:
         run = jax.jit(lambda *a: output_kernels.backward(*a, scale=SCALE,

@@ -188,21 +188,51 @@ def test_backward_kernel_matches_prepare_backward(name):
             q, k, v, rows, outputs[4], cotangents), tol)
 
 
-@pytest.mark.parametrize("dim", [128, 64])
-def test_backward_kernel_lowers_to_mosaic_gpu(dim):
-    """CUDA lowering (bf16, grouped heads, K = V = dim) runs Mosaic GPU's layout inference,
-    which interpret mode skips (the column sums and row stores go through it)."""
+@pytest.mark.parametrize("dim, group, with_dq_more", [
+    (128, 2, False), (64, 2, False), (128, 1, True), (64, 1, True), (64, 1, False)])
+def test_backward_kernel_lowers_to_mosaic_gpu(dim, group, with_dq_more):
+    """CUDA lowering (bf16, K = V = dim; grouped heads with float32 partials, or group 1 with
+    16-bit dq and dk, with and without dq_more) runs Mosaic GPU's layout inference, which
+    interpret mode skips (the column sums and row stores go through it)."""
     spec = jax.ShapeDtypeStruct
-    dtype, heads, num_chunks = jnp.bfloat16, 2, 2
-    chunk_major = (num_chunks, 1, heads, 64)
-    args = (spec((1, 128, 1, dim), dtype), spec((1, 128, 1, dim), dtype),
-            spec((1, 128, heads, dim), dtype),
-            spec((1, heads, num_chunks, len(wy.ROWS), 64), jnp.float32),
+    dtype, num_v_heads, num_chunks = jnp.bfloat16, 2, 2
+    chunk_major = (num_chunks, 1, num_v_heads, 64)
+    qk = spec((1, 128, num_v_heads // group, dim), dtype)
+    args = (qk, qk, spec((1, 128, num_v_heads, dim), dtype),
+            spec((1, num_v_heads, num_chunks, len(wy.ROWS), 64), jnp.float32),
             (spec((*chunk_major, dim), dtype), spec((*chunk_major, dim), jnp.float32),
-             spec((*chunk_major, dim), dtype), spec((*chunk_major, 64), dtype)))
+             spec((*chunk_major, dim), dtype), spec((*chunk_major, 64), dtype)),
+            qk if with_dq_more else None)
     run = jax.jit(lambda *a: wy_backward_kernel.backward(*a, scale=0.1))
     assert "mosaic_gpu" in run.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
     assert wy_backward_kernel.fits(dim, dim)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_backward_kernel_adds_dq_more(dtype):
+    """Group 1: with dq_more the kernel's dq is its own dq plus dq_more, summed in float32 and
+    rounded once (within one rounding of the two rounded parts added); dk, dv and the rows are
+    bit for bit those without it. A dq_more of the wrong shape or with grouped heads is
+    refused."""
+    q, k, v, rows = _inputs(case_seed(350), 1, 100, 2, 1, 64, 64, (-0.3, 0.0), (), True, dtype)
+    seed = case_seed(351)
+    cotangents = _cotangents(seed, _prepare_reference(q, k, v, rows), dtype)
+    dq_more = jnp.asarray(np.random.default_rng(seed + 1).standard_normal(q.shape), dtype)
+    run = jax.jit(functools.partial(wy_backward_kernel.backward, scale=0.3))
+    with interpret.gpu_interpret():
+        alone = jax.block_until_ready(run(q, k, v, rows, cotangents))
+        added = jax.block_until_ready(run(q, k, v, rows, cotangents, dq_more))
+        assert not interpret.races_found()
+    assert added[0].dtype == dtype
+    want = np.asarray(alone[0], np.float64) + np.asarray(dq_more, np.float64)
+    assert _rel(added[0], want) < (1e-6 if dtype == jnp.float32 else 8e-3), _rel(added[0], want)
+    for a, b in zip(added[1:], alone[1:]):
+        np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
+    with pytest.raises(ValueError, match="dq_more: expected"):
+        wy_backward_kernel.backward(q, k, v, rows, cotangents, dq_more[:, :64], scale=0.3)
+    grouped = _inputs(seed, 1, 64, 1, 2, 64, 64, (-0.3, 0.0), (), False, dtype)
+    with pytest.raises(ValueError, match="dq_more: expected .* with group 1, got .* group 2"):
+        wy_backward_kernel.backward(*grouped, cotangents, grouped[0], scale=0.3)
 
 
 @pytest.mark.slow   # compares the two settings of INTRA_BACKWARD; test_vjp.py covers the default
