@@ -123,20 +123,21 @@ def backward(q, k, v, rows, cotangents, dq_more=None, *, scale, interpret=None):
         plgpu.commit_smem()
         u_s[...] = matmul(m_s, v_s, (c, value_dim)).astype(op_dtype)
         plgpu.barrier_wait(loaded.at[1])
-        keys = k_s[...].astype(jnp.float32)
-        d_kw = dkw_s[...].astype(jnp.float32)
-        store_row("kw_decay", jnp.sum(d_kw * keys, axis=1))
+        # (c, K) and (c, V) float32 tiles hold 64 registers a thread each at 128: each is
+        # formed where it is used and read again from shared memory rather than kept live
+        loaded_f32 = lambda ref: ref[...].astype(jnp.float32)
+        store_row("kw_decay", jnp.sum(loaded_f32(dkw_s) * loaded_f32(k_s), axis=1))
         dk_s[...] = (matmul(x_s.T, dw_s, (c, key_dim))
-                     + d_kw * along("kw_decay", key_dim))                    # the direct terms
+                     + loaded_f32(dkw_s) * along("kw_decay", key_dim))       # the direct terms
         dkw_s[...] = matmul(x_s, k_s, (c, key_dim)).astype(op_dtype)        # W, in dKw's place
         x_s[...] = inverse.astype(op_dtype)
         plgpu.commit_smem()
 
         d_rhs_k = matmul(x_s.T, dw_s, (c, key_dim))
-        d_rhs_v = matmul(x_s.T, du_s, (c, value_dim))
-        store_row("beta_e", jnp.sum(d_rhs_k * keys, axis=1))
-        store_row("beta_j", jnp.sum(d_rhs_v * v_s[...].astype(jnp.float32), axis=1))
+        store_row("beta_e", jnp.sum(d_rhs_k * loaded_f32(k_s), axis=1))
         dw_s[...] = d_rhs_k.astype(op_dtype)
+        d_rhs_v = matmul(x_s.T, du_s, (c, value_dim))
+        store_row("beta_j", jnp.sum(d_rhs_v * loaded_f32(v_s), axis=1))
         du_s[...] = d_rhs_v.astype(op_dtype)
         v_s[...] = (along("beta_i", value_dim) * d_rhs_v).astype(v_s.dtype)   # dV, in V's place
         plgpu.commit_smem()
