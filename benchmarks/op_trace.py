@@ -8,9 +8,13 @@
     python benchmarks/op_trace.py fpa ... [--field-passes kernels|by_level|all_levels]
     python benchmarks/op_trace.py fpa --shape 4,4096,12,64 1,16384,12,64 --fields walk,flat,fox
     python benchmarks/op_trace.py gdn ... --keep-trace   # then benchmarks/fusion_sources.py
+    python benchmarks/op_trace.py gdn ... --with-output  # the output too, as a train step
 
 op: fpa | fox | softmax (the "pallas" kernels) or gdn (gated_delta_rule, "pallas"); bf16 inputs,
-one jitted vjp with a random cotangent for every differentiable input. FPA's fields:
+one jitted vjp with a random cotangent for every differentiable input; the program returns
+the gradients only, so XLA drops whatever of the primal forward the backward does not keep
+(for gdn, which keeps only its inputs, the whole forward: `--with-output` returns the output
+too, the program a train step runs). FPA's fields:
     walk   the drifting walk of benchmarks/bench_fpa.py (phi, psi = walk + noise)
     fox    FoX's fields, phi = psi = cumsum(log forget) (nothing rises)
     flat   phi = psi = 0 (zero bias: no tile can be pruned)
@@ -95,9 +99,10 @@ def device_ms_per_call(fn, args, repeats, keep_trace=None):
     return {name: us / repeats / 1e3 for name, us in totals.most_common()}
 
 
-def trace_one(op, shape, fields, repeats, top, out_dir, keep_trace=False):
+def trace_one(op, shape, fields, repeats, top, out_dir, keep_trace=False, with_output=False):
     """Time and trace one op at one shape (and FPA field regime); print and write its table
-    (keep_trace: and keep the profiler trace in out_dir/trace_<label>)."""
+    (keep_trace: and keep the profiler trace in out_dir/trace_<label>; with_output: the
+    program returns the op's output with the gradients)."""
     rng = np.random.default_rng(0)
     inputs, _ = gdn_inputs(shape, rng) if op == "gdn" else attention_inputs(op, shape, fields,
                                                                             rng)
@@ -105,14 +110,18 @@ def trace_one(op, shape, fields, repeats, top, out_dir, keep_trace=False):
     first = lambda *a: fn(*a)[0] if op == "gdn" else fn(*a)
     out_shape = jax.eval_shape(first, *inputs)
     cotangent = jnp.asarray(rng.standard_normal(out_shape.shape), out_shape.dtype)
-    grads = jax.jit(lambda *a: jax.vjp(first, *a)[1](cotangent))
+    def gradients(*arrays):
+        out, pullback = jax.vjp(first, *arrays)
+        return (out, pullback(cotangent)) if with_output else pullback(cotangent)
+
+    grads = jax.jit(gradients)
     jax.block_until_ready(grads(*inputs))
     wall = []
     for _ in range(10):
         started = time.perf_counter()
         jax.block_until_ready(grads(*inputs))
         wall.append(1e3 * (time.perf_counter() - started))
-    knobs = _knobs(op)
+    knobs = _knobs(op) | ({"with_output": True} if with_output else {})
     label = "_".join([op, fields if op == "fpa" else "", "x".join(map(str, shape)),
                       *(f"{key}-{value}" for key, value in knobs.items())])
     per_call = device_ms_per_call(grads, inputs, repeats,
@@ -157,6 +166,9 @@ def main():
                         help="keep each profiler trace in OUT/trace_<label>, for "
                              "benchmarks/fusion_sources.py (with an XLA_FLAGS HLO dump of the "
                              "same run it names each XLA fusion's source)")
+    parser.add_argument("--with-output", action="store_true",
+                        help="return the op's output with the gradients (what a train step "
+                             "and bench_gdn.py run)")
     parser.add_argument("--intra-backward", choices=("xla", "pallas"), default=None,
                         help="gdn: the WY preparation's backward (mixer_kernels/mosaic_gpu/gated_delta/"
                              "vjp.py INTRA_BACKWARD)")
@@ -193,7 +205,7 @@ def main():
         shape = tuple(int(n) for n in text.split(","))
         for fields in regimes:
             trace_one(args.op, shape, fields, args.repeats, args.top, args.out,
-                      args.keep_trace)
+                      args.keep_trace, args.with_output)
 
 
 if __name__ == "__main__":
