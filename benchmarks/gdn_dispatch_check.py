@@ -6,8 +6,9 @@ For each B,T,H,D shape (K = V = D, bench_gdn.py's inputs in bf16, g in float32) 
 the forward; "grads only", the gradients of a vjp whose output is dropped (what op_trace.py
 times); "out+grads", the output and the gradients (what bench_gdn.py and a train step need).
 Each is called once per sample and 10 times back to back: host enqueue and wall ms per call.
-Then a profiler trace of 5 calls, synchronised one by one and back to back: per device stream
-the event count, the summed event time and the span from the first start to the last end.
+Then, for "grads only" and "out+grads", a profiler trace of 5 calls, synchronised one by one
+and back to back: per device stream the event count, the summed event time and the span from
+the first start to the last end.
 Where the span of back-to-back calls equals the event sum, the device never waits on the
 host; where "out+grads" has more events than "grads only", XLA dropped the primal forward of
 the latter (the op's backward recomputes what it needs from the inputs).

@@ -54,7 +54,7 @@ def smem_bytes(key_dim, value_dim, operand_dtype, backward: bool) -> int:
     work = 3 * c * value_dim * op                                       # dO then D, N, dN
     staging = key_dim * value_dim * 4 + c * 4                           # dS, de
     if key_dim != value_dim:
-        staging += c * key_dim * (op + 4)                               # dW, dq (group > 1)
+        staging += c * key_dim * (op + 4)    # dW, dq (float32: group > 1 only; counted always)
     return inputs + work + staging + 1024
 
 

@@ -55,7 +55,8 @@ from mixer_kernels.mosaic_gpu.common import matmul, swizzled_smem
 
 
 def smem_bytes(key_dim, value_dim, operand_dtype) -> int:
-    """Shared memory of one block (inputs, cotangents, work tiles, output staging, barriers)."""
+    """Shared memory of one block (inputs, cotangents, work tiles, output staging, barriers),
+    counting the dq_more tile that only group 1 with dq_more allocates (an upper bound)."""
     c, op, rows = CHUNK, jnp.dtype(operand_dtype).itemsize, len(wy.ROWS) * CHUNK * 4
     inputs = (2 * key_dim + value_dim) * c * op + rows
     cotangents = (2 * key_dim + value_dim + c) * c * op
@@ -95,9 +96,6 @@ def backward(q, k, v, rows, cotangents, dq_more=None, *, scale, interpret=None):
          x_s, m_s, u_s, dk_s, drows_s, loaded, *more_s) = refs
         chunk, head, b = (lax.axis_index(n) for n in ("c", "hv", "b"))
         tokens = pl.ds(chunk * c, c)
-        if more:
-            more_tile, more_loaded = more_s
-            plgpu.copy_gmem_to_smem(dq_more_ref.at[b, tokens, head], more_tile, more_loaded)
         for src, dst, barrier in (
                 (q_ref.at[b, tokens, head // group], q_s, 0),
                 (k_ref.at[b, tokens, head // group], k_s, 0),
@@ -105,6 +103,9 @@ def backward(q, k, v, rows, cotangents, dq_more=None, *, scale, interpret=None):
                 (dw_ref.at[chunk, b, head], dw_s, 1), (du_ref.at[chunk, b, head], du_s, 1),
                 (dkw_ref.at[chunk, b, head], dkw_s, 1), (dp_ref.at[chunk, b, head], dp_s, 1)):
             plgpu.copy_gmem_to_smem(src, dst, loaded.at[barrier])
+        if more:            # read last: behind the copies the kernel waits for first
+            more_tile, more_loaded = more_s
+            plgpu.copy_gmem_to_smem(dq_more_ref.at[b, tokens, head], more_tile, more_loaded)
         drows_s[...] = jnp.zeros(drows_s.shape, jnp.float32)     # the document rows stay 0
         plgpu.barrier_wait(loaded.at[0])
 
