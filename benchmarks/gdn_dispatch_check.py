@@ -85,8 +85,8 @@ def check(shape):
     for name, fn in programs.items():
         for calls in (1, 10):
             enqueue, wall = per_call_ms(fn, inputs, calls)
-            print(f"{name:10s} calls={calls:2d}: enqueue {enqueue:.3f} ms/call, wall {wall:.3f} ms/call",
-                  flush=True)
+            print(f"{name:10s} calls={calls:2d}: enqueue {enqueue:.3f} ms/call, "
+                  f"wall {wall:.3f} ms/call", flush=True)
     for name in ("grads only", "out+grads"):
         for mode in ("one by one", "back to back"):
             with tempfile.TemporaryDirectory() as scratch:
