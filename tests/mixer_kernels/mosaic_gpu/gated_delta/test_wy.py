@@ -188,24 +188,25 @@ def test_backward_kernel_matches_prepare_backward(name):
             q, k, v, rows, outputs[4], cotangents), tol)
 
 
-@pytest.mark.parametrize("dim, group, with_dq_more", [
-    (128, 2, False), (64, 2, False), (128, 1, True), (64, 1, True), (64, 1, False)])
-def test_backward_kernel_lowers_to_mosaic_gpu(dim, group, with_dq_more):
-    """CUDA lowering (bf16, K = V = dim; grouped heads with float32 partials, or group 1 with
-    16-bit dq and dk, with and without dq_more) runs Mosaic GPU's layout inference, which
-    interpret mode skips (the column sums and row stores go through it)."""
+@pytest.mark.parametrize("key_dim, value_dim, group, with_dq_more", [
+    (128, 128, 2, False), (64, 64, 2, False), (128, 128, 1, True), (64, 64, 1, True),
+    (64, 64, 1, False), (128, 64, 1, True), (64, 128, 2, False)])
+def test_backward_kernel_lowers_to_mosaic_gpu(key_dim, value_dim, group, with_dq_more):
+    """CUDA lowering (bf16; grouped heads with float32 partials, or group 1 with 16-bit dq and
+    dk, with and without dq_more) runs Mosaic GPU's layout inference, which interpret mode
+    skips (the column sums and row stores go through it)."""
     spec = jax.ShapeDtypeStruct
     dtype, num_v_heads, num_chunks = jnp.bfloat16, 2, 2
     chunk_major = (num_chunks, 1, num_v_heads, 64)
-    qk = spec((1, 128, num_v_heads // group, dim), dtype)
-    args = (qk, qk, spec((1, 128, num_v_heads, dim), dtype),
+    qk = spec((1, 128, num_v_heads // group, key_dim), dtype)
+    args = (qk, qk, spec((1, 128, num_v_heads, value_dim), dtype),
             spec((1, num_v_heads, num_chunks, len(wy.ROWS), 64), jnp.float32),
-            (spec((*chunk_major, dim), dtype), spec((*chunk_major, dim), jnp.float32),
-             spec((*chunk_major, dim), dtype), spec((*chunk_major, 64), dtype)),
+            (spec((*chunk_major, key_dim), dtype), spec((*chunk_major, value_dim), jnp.float32),
+             spec((*chunk_major, key_dim), dtype), spec((*chunk_major, 64), dtype)),
             qk if with_dq_more else None)
     run = jax.jit(lambda *a: wy_backward_kernel.backward(*a, scale=0.1))
     assert "mosaic_gpu" in run.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
-    assert wy_backward_kernel.fits(dim, dim)
+    assert wy_backward_kernel.fits(key_dim, value_dim)
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
