@@ -9,6 +9,8 @@ mixer_kernels/mosaic_gpu/common.py).
                          dim V, group = HV // H query/key heads sharing each q / k head
     check_smem(kernel, need, key_dim, value_dim)   a clear error when a block needs more
                          shared memory than SMEM_BYTES
+    summed_over_group(x, like)   a kernel's q- or k-shaped cotangent [B, Tp, HV, K] (per value
+                         head for grouped heads) as like's [B, Tp, H, K] in like's dtype
     per_chunk(kernel, name, out_type, scratch, grid_shape, interpret)   plgpu.kernel with one
                          block per (chunk, value head, batch), its body named in profiles
 """
@@ -29,6 +31,14 @@ def check_smem(kernel: str, need: int, key_dim: int, value_dim: int) -> None:
     if need > SMEM_BYTES:
         raise ValueError(f"the {kernel} needs {need} bytes of shared memory for K = {key_dim}, "
                          f"V = {value_dim}, more than {SMEM_BYTES}")
+
+
+def summed_over_group(x, like):
+    """x [B, Tp, HV, K]: float32 partials per value head summed over each group of HV // H,
+    or (group 1) already like's shape; returned in like's dtype."""
+    if x.shape[2] != like.shape[2]:
+        x = x.reshape(*like.shape[:3], -1, like.shape[3]).sum(3)
+    return x.astype(like.dtype)
 
 
 def per_chunk(kernel, name, out_type, scratch, grid_shape, interpret):

@@ -49,7 +49,7 @@ from mixer_kernels.mosaic_gpu.gated_delta import (output_kernels, state_gradient
 from mixer_core.interpret import interpret_active
 from mixer_core.padding import pad_time
 from mixer_core.recompute import keeping_inputs_only
-from mixer_kernels.mosaic_gpu.gated_delta.common import CHUNK
+from mixer_kernels.mosaic_gpu.gated_delta.common import CHUNK, summed_over_group
 
 # The backward of the WY preparation: "xla" runs the WY kernel again for T = (I + A)^{-1}, then
 # `wy.prepare_backward`; "pallas" runs `wy_backward_kernel.backward` (T formed inside, one
@@ -279,8 +279,8 @@ def _wy_backward_kernel(scale, with_dq_more):
         dq_more = cotangents[4] if with_dq_more else None
         return wy_backward_kernel.backward(q, k, v, rows, cotangents[:4], dq_more, scale=scale)
 
-    return _folding_batch_axes(jax.jit(run), in_axes=(0, 0, 0, 0, 1, 1, 1, 1, 0)[
-        :9 if with_dq_more else 8], out_axes=(0, 0, 0, 0))
+    in_axes = (0, 0, 0, 0, 1, 1, 1, 1) + ((0,) if with_dq_more else ())
+    return _folding_batch_axes(jax.jit(run), in_axes=in_axes, out_axes=(0, 0, 0, 0))
 
 
 def _wy_preparation_bwd(scale, residuals, cotangents):
@@ -367,14 +367,6 @@ def _chunked_body(q, k, v, g, beta, initial_state, segment_ids, *, scale, tiling
     return out[:, :seq_len], final_state.astype(dtype)
 
 
-def _summed_over_group(d_q, q):
-    """The output backward kernel's dq [B, Tp, HV, K] (q's dtype for group 1, float32 partials
-    per value head otherwise) as q's cotangent [B, Tp, H, K] in q's dtype."""
-    if d_q.shape[2] != q.shape[2]:
-        d_q = d_q.reshape(*q.shape[:3], -1, q.shape[3]).sum(3)
-    return d_q.astype(q.dtype)
-
-
 @functools.cache
 def _output_kernels(scale, with_dw=True):
     """(forward, backward) chunk output kernels, each behind one jax.jit and batchable by
@@ -416,7 +408,7 @@ def _chunk_outputs_pallas_bwd(scale, dtype, residuals, d_out):
     d_q, d_states, d_w, d_u, d_p, d_e = _output_kernels(scale)[1](
         q, states.astype(q.dtype), state_weights, base_values, attention,
         entering_decay[..., None, :], d_out.astype(q.dtype))
-    d_q = _summed_over_group(d_q, q)
+    d_q = summed_over_group(d_q, q)
     return d_q, d_states, d_w, d_u, d_p, d_e[..., 0, :]
 
 
@@ -457,7 +449,7 @@ def _recurrence_and_outputs_bwd(tiling, scale, dtype, residuals, cotangents):
                                                         d_u_rec, u, w, d_u_out)
     d_rho = jnp.moveaxis(rows[..., 0, :].sum(-1), 0, -1)                        # [B, HV, N]
     d_rho = jnp.pad(d_rho, [(0, 0), (0, 0), (0, rho.shape[-1] - d_rho.shape[-1])])
-    d_q = _summed_over_group(d_q, q)
+    d_q = summed_over_group(d_q, q)
     # d_u leaves in U's float32; the WY backward rounds it back, and XLA drops the pair
     return (d_kw.astype(kw.dtype), d_w.astype(w.dtype), d_u.astype(u.dtype), d_rho, d_s0,
             d_q, d_p, d_e[..., 0, :])

@@ -50,7 +50,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from mixer_kernels.mosaic_gpu.gated_delta import wy, wy_kernel
 from mixer_kernels.mosaic_gpu.gated_delta.common import (CHUNK, SMEM_BYTES, check_smem, head_sizes,
-                                                           per_chunk)
+                                                           per_chunk, summed_over_group)
 from mixer_kernels.mosaic_gpu.common import matmul, swizzled_smem
 
 
@@ -206,10 +206,4 @@ def backward(q, k, v, rows, cotangents, dq_more=None, *, scale, interpret=None):
     d_q, d_k, d_v, d_rows = per_chunk(kernel, "delta_rule_wy_backward", out_type, scratch,
                                       (num_chunks, num_v_heads, batch), interpret)(
         q, k, v, rows, *(x.astype(op_dtype) for x in cotangents), *([dq_more] if more else []))
-
-    def summed(x, like):          # [B, Tp, HV, K] partials -> [B, Tp, H, K] in like's dtype
-        if group > 1:
-            x = x.reshape(*like.shape[:3], group, key_dim).sum(3)
-        return x.astype(like.dtype)
-
-    return summed(d_q, q), summed(d_k, k), d_v, d_rows
+    return summed_over_group(d_q, q), summed_over_group(d_k, k), d_v, d_rows
