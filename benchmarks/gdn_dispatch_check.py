@@ -14,14 +14,11 @@ host; where "out+grads" has more events than "grads only", XLA dropped the prima
 the latter (the op's backward recomputes what it needs from the inputs).
 """
 
-import gzip
-import json
 import os
 import statistics
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -30,25 +27,9 @@ import jax.numpy as jnp  # noqa: E402
 
 from benchmarks.bench_gdn import GDN_ARGS, make_inputs  # noqa: E402
 from gdn_jax import gated_delta_rule  # noqa: E402
+from train.tools.profile_trace import device_streams  # noqa: E402
 
 IMPLEMENTATION = os.environ.get("GDN_IMPLEMENTATION", "pallas")
-
-
-def stream_summary(trace_dir):
-    """[(stream, events, summed ms, span ms)] of the newest trace under trace_dir."""
-    path = sorted(Path(trace_dir).rglob("*.trace.json.gz"))[-1]
-    events = json.load(gzip.open(path))["traceEvents"]
-    meta = lambda kind: {(e["pid"], e.get("tid")) if kind == "thread_name" else e["pid"]:
-                         e["args"]["name"] for e in events
-                         if e.get("ph") == "M" and e.get("name") == kind}
-    processes, threads = meta("process_name"), meta("thread_name")
-    streams = {}
-    for e in events:
-        if e.get("ph") == "X" and processes.get(e["pid"], "").startswith("/device:"):
-            streams.setdefault(threads.get((e["pid"], e["tid"]), "?"), []).append(e)
-    return [(name, len(evs), sum(e["dur"] for e in evs) / 1e3,
-             (max(e["ts"] + e["dur"] for e in evs) - min(e["ts"] for e in evs)) / 1e3)
-            for name, evs in streams.items()]
 
 
 def per_call_ms(fn, args, calls, samples=10):
@@ -96,10 +77,10 @@ def check(shape):
                             jax.block_until_ready(programs[name](*inputs))
                     else:
                         jax.block_until_ready([programs[name](*inputs) for _ in range(5)])
-                rows = stream_summary(scratch)
-            for stream, count, summed, span in rows:
+                streams = device_streams(scratch)
+            for stream, (count, summed, span) in streams.items():
                 print(f"  trace {name}, 5 calls {mode}: {stream}: {count} events, sum "
-                      f"{summed:.3f} ms, span {span:.3f} ms", flush=True)
+                      f"{summed / 1e3:.3f} ms, span {span / 1e3:.3f} ms", flush=True)
 
 
 if __name__ == "__main__":

@@ -110,6 +110,7 @@ def trace_one(op, shape, fields, repeats, top, out_dir, keep_trace=False, with_o
     first = lambda *a: fn(*a)[0] if op == "gdn" else fn(*a)
     out_shape = jax.eval_shape(first, *inputs)
     cotangent = jnp.asarray(rng.standard_normal(out_shape.shape), out_shape.dtype)
+
     def gradients(*arrays):
         out, pullback = jax.vjp(first, *arrays)
         return (out, pullback(cotangent)) if with_output else pullback(cotangent)
