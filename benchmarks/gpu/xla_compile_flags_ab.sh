@@ -25,7 +25,9 @@ for preset in ${PRESETS:-fpa_125m softmax_rope_125m}; do
     extra=$(flags_of $variant) || exit 2
     start=$(date +%s)
     echo "== $preset $variant ($extra)"
-    XLA_FLAGS="$BASE_FLAGS $extra" timeout ${LIMIT:-200} python3 -m train bench $preset \
+    # an XLA_FLAGS of spaces alone stops XLA at start-up: set it only when it names a flag
+    if [ -n "$BASE_FLAGS$extra" ]; then export XLA_FLAGS="$BASE_FLAGS $extra"; else unset XLA_FLAGS; fi
+    timeout ${LIMIT:-200} python3 -m train bench $preset \
         --context 2048 --batch-size 8 --steps 8 --out $OUT/bench_${preset}_$variant.json 2>&1 \
         | grep -E "ms / step|tokens/s|compile|init|error" || echo "$preset $variant: no result"
     echo "  ($preset $variant: $(( $(date +%s) - start )) s in all)"
