@@ -7,6 +7,8 @@ short convolution).
                                   issued before the first wait: group = (shape, [(a, b), ...])
     document_start_index(segment_ids, padded)   each row's document start, as the kernels
                                                 label documents (XLA side)
+    REDUCTION_SCRATCH_BYTES   shared memory for a kernel's sums across its warps (a
+                              CompilerParams option)
 """
 
 import jax
@@ -15,6 +17,12 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from mixer_core.padding import pad_time
+
+# A sum across the four warps of a warpgroup (a [64, D] tile summed over its rows) goes
+# through shared memory, 1 KiB per register of the result it forms at once. A 64-wide
+# result is 8 such registers: Mosaic's default 2 KiB forms it in four rounds, each between
+# two warpgroup barriers; 8 KiB forms it in one.
+REDUCTION_SCRATCH_BYTES = 8192
 
 
 def swizzled_smem(shape, dtype, swizzle=128):
