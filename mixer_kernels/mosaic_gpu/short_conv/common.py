@@ -11,14 +11,9 @@ and their `supports` (the Mosaic GPU helpers: mixer_kernels/mosaic_gpu/common.py
     kernel_inputs(x, kernel, segment_ids, normalize_heads)   the kernels' operands
     FORWARD_PARAMS, BACKWARD_PARAMS   the kernels' Mosaic GPU options: approximate exp (the
                      hardware's ex2, relative error near 2^-22, far below the bf16 rounding of
-                     the outputs; the GPU interpreter of the tests computes it exactly); no
-                     barrier around each store to shared memory (Pallas' default for kernels it
-                     cannot check): a program's threads only read the tiles the copy engine
-                     brought in and only write the tiles it takes out, and `commit_smem` (a
-                     fence and a warpgroup barrier) stands between their writes and the copies
-                     out, the two conditions under which `unsafe_no_auto_barriers` is safe;
-                     the backward, whose taps' gradient sums a tile over its rows, also 8 KiB
-                     of shared memory for sums across the warps (`REDUCTION_SCRATCH_BYTES`)
+                     the outputs; the GPU interpreter of the tests computes it exactly); the
+                     backward, whose taps' gradient sums a tile over its rows, also 8 KiB of
+                     shared memory for sums across the warps (`REDUCTION_SCRATCH_BYTES`)
 
 Each kernel runs behind one `jax.jit` per configuration, so the layers' convolutions of equal
 shapes share one lowered kernel per compiled step.
@@ -37,8 +32,8 @@ PAD = 8
 BLOCK = 64
 GROUP = 64
 SUPPORTED_HEAD_DIMS = (64, 128)
-FORWARD_PARAMS = plgpu.CompilerParams(approx_math=True, unsafe_no_auto_barriers=True)
-BACKWARD_PARAMS = plgpu.CompilerParams(approx_math=True, unsafe_no_auto_barriers=True,
+FORWARD_PARAMS = plgpu.CompilerParams(approx_math=True)
+BACKWARD_PARAMS = plgpu.CompilerParams(approx_math=True,
                                        reduction_scratch_bytes=REDUCTION_SCRATCH_BYTES)
 
 
