@@ -21,7 +21,9 @@ from mixer_core.padding import pad_time
 # A sum across the four warps of a warpgroup (a [64, D] tile summed over its rows) goes
 # through shared memory, 1 KiB per register of the result it forms at once. A 64-wide
 # result is 8 such registers: Mosaic's default 2 KiB forms it in four rounds, each between
-# two warpgroup barriers; 8 KiB forms it in one.
+# two warpgroup barriers; 8 KiB forms it in one. It adds to every program's shared memory:
+# the attention sweeps keep the default, as 6 KiB more would cost FPA's dk/dv and dq
+# sweeps at D = 128 (112,736 bytes a program with the default) their second program per SM.
 REDUCTION_SCRATCH_BYTES = 8192
 
 

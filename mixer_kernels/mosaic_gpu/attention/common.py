@@ -46,13 +46,11 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from mixer_core.interpret import interpret_active
 from mixer_core.soft_min import BIG, decay  # noqa: F401  (the kernels' names for them)
-from mixer_kernels.mosaic_gpu.common import REDUCTION_SCRATCH_BYTES
 
 BLOCK = 64
 LOG2E = math.log2(math.e)  # the tiles' base 2: exp2 needs no multiply
 SUPPORTED_HEAD_DIMS = (64, 128)
 COMPILER_PARAMS = plgpu.CompilerParams(approx_math=True,
-                                      reduction_scratch_bytes=REDUCTION_SCRATCH_BYTES,
                                       lowering_semantics=plgpu.LoweringSemantics.Lane)
 
 
