@@ -10,6 +10,7 @@ import re
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental.pallas import mosaic_gpu as plgpu
 import pytest
 
 from gdn_jax.ops.short_conv import REGISTRY, short_conv
@@ -150,3 +151,39 @@ def test_kernel_lowers_for_hopper(normalize_heads, channels, length):
 
     lowered = jax.jit(grads).trace(x, kernel).lower(lowering_platforms=("cuda",))
     assert "mosaic_gpu" in lowered.as_text()
+
+
+def _lowered_backward(length, monkeypatch=None, params=None):
+    """(warpgroup barriers, shared-memory bytes, uses ex2.approx) of the backward kernel of
+    (2, length, 768) x with 12 normalised heads, lowered for Hopper (with `params` in place of
+    the kernel's own options when given)."""
+    from benchmarks.kernel_op_count import captured_kernels
+    from mixer_kernels.mosaic_gpu.short_conv import backward_kernel
+    if params is not None:
+        monkeypatch.setattr(backward_kernel, "BACKWARD_PARAMS", params)
+    x, kernel = jnp.zeros((2, length, 768), jnp.bfloat16), jnp.zeros((4, 768), jnp.float32)
+
+    def grads(x, kernel):
+        return jax.grad(lambda x, kernel: jnp.sum(short_conv_pallas(
+            x, kernel, None, dtype=x.dtype, normalize_heads=12).astype(jnp.float32)),
+            argnums=(0, 1))(x, kernel)
+    with captured_kernels() as kernels:
+        jax.jit(grads).trace(x, kernel).lower(lowering_platforms=("cuda",))
+    (text,) = [str(module) for name, module in kernels if "backward" in name]
+    size = re.search(r"gpu.launch async[^\n]*dynamic_shared_memory_size (%\w+)", text).group(1)
+    smem = int(re.search(re.escape(size) + r" = arith.constant (\d+)", text).group(1))
+    return text.count("bar.sync"), smem, "ex2.approx" in text
+
+
+def test_backward_kernel_sums_across_warps_in_one_round_at_three_programs_per_sm(monkeypatch):
+    """The taps' gradient sums [64, 64] tiles over their rows across the four warps: with 8 KiB
+    of reduction scratch each sum takes one round (two warpgroup barriers), fewer barriers
+    than with Mosaic's default 2 KiB; the program still fits three to an SM (228 KiB, 1 KiB
+    each reserved), and its exp is the hardware's ex2."""
+    barriers, smem, approx = _lowered_backward(128)
+    default_barriers, default_smem, _ = _lowered_backward(
+        192, monkeypatch, plgpu.CompilerParams(approx_math=True))
+    assert barriers <= default_barriers - 4 * 6     # four sums, three rounds fewer each
+    assert smem == default_smem + 6 * 1024
+    assert 3 * (smem + 1024) <= 228 * 1024
+    assert approx
