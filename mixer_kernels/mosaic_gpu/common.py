@@ -9,6 +9,8 @@ short convolution).
                                                 label documents (XLA side)
     REDUCTION_SCRATCH_BYTES   shared memory for a kernel's sums across its warps (a
                               CompilerParams option)
+    KERNEL_BARRIERS, compiler_params(**options)   whether the kernels that order every
+                              shared-memory access themselves drop Pallas' automatic barriers
 """
 
 import jax
@@ -25,6 +27,30 @@ from mixer_core.padding import pad_time
 # the attention sweeps keep the default, as 6 KiB more would cost FPA's dk/dv and dq
 # sweeps at D = 128 (112,736 bytes a program with the default) their second program per SM.
 REDUCTION_SCRATCH_BYTES = 8192
+
+# Pallas puts a warpgroup barrier before and after every store to shared memory and before
+# every TMA load into it ("automatic"). Some kernels order every access of theirs explicitly:
+# threads write only tiles that `commit_smem` (a fence and a warpgroup barrier) hands to a
+# wgmma or a TMA copy, rewrite a tile only after `wait_smem_to_gmem` (a wait and a barrier) or
+# in the layout they read it in (each element by the same thread), and refill a streamed slot
+# only after a barrier that follows the last wgmma reading it. "explicit" compiles those
+# kernels without the automatic barriers (`unsafe_no_auto_barriers`): the forward and
+# backward state recurrences, the state gradients, the chunk outputs' forward and the short
+# convolutions (lowered for Hopper: 22 -> 6, 24 -> 6, 22 -> 4, 13 -> 3, 13 -> 2 and 30 -> 10
+# barriers a program). The GPU interpreter cannot check a barrier; "automatic" stays the
+# default until the compiled kernels are checked and timed on the GPU. Read when a kernel is
+# traced (a compiled function keeps its choice).
+KERNEL_BARRIERS = "automatic"
+
+
+def compiler_params(**options):
+    """plgpu.CompilerParams(**options) for a kernel that orders its shared-memory accesses
+    itself: without Pallas' automatic barriers where KERNEL_BARRIERS is "explicit"."""
+    if KERNEL_BARRIERS not in ("automatic", "explicit"):
+        raise ValueError(f"KERNEL_BARRIERS: expected 'automatic' or 'explicit', got "
+                         f"{KERNEL_BARRIERS!r}")
+    return plgpu.CompilerParams(unsafe_no_auto_barriers=KERNEL_BARRIERS == "explicit",
+                                **options)
 
 
 def swizzled_smem(shape, dtype, swizzle=128):

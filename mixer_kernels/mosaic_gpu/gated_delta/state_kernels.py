@@ -35,7 +35,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from mixer_kernels.mosaic_gpu.gated_delta.common import SMEM_BYTES, SUPPORTED_HEAD_DIMS
-from mixer_kernels.mosaic_gpu.common import matmul, swizzled_smem
+from mixer_kernels.mosaic_gpu.common import compiler_params, matmul, swizzled_smem
 
 
 
@@ -135,7 +135,7 @@ def _launch(kernel, name, out_type, scratch, tiling, num_v_heads, batch, interpr
     return plgpu.kernel(
         kernel, out_type=out_type, scratch_types=(*scratch, *barriers),
         grid=(tiling.num_value_tiles, num_v_heads, batch), grid_names=("vt", "hv", "b"),
-        interpret=interpret,
+        compiler_params=compiler_params(), interpret=interpret,
     )(*operands)
 
 
@@ -178,15 +178,15 @@ def forward_states(kw, w, u, rho, s0, *, tiling: Tiling, states_16bit=False, int
         def step(c, state):
             slot = lax.rem(c, 2)
             plgpu.barrier_wait(loaded.at[slot])
+            plgpu.wait_smem_to_gmem(0, wait_read_only=True)   # state_smem free again
+            state_smem[...] = state
+            state16_smem[...] = state.astype(op_dtype)
+            plgpu.commit_smem()    # also orders the last step's reads of the other slot
 
             @pl.when(c + 1 < num_chunks)
             def _prefetch():
                 fetch(c + 1, 1 - slot)
 
-            plgpu.wait_smem_to_gmem(0, wait_read_only=True)   # state_smem free again
-            state_smem[...] = state
-            state16_smem[...] = state.astype(op_dtype)
-            plgpu.commit_smem()
             plgpu.copy_smem_to_gmem(state16_smem if states_16bit else state_smem,
                                     states_ref.at[c, b, head, :, columns])
             predicted = matmul(w_smem.at[slot], state16_smem, (chunk, vt))

@@ -31,7 +31,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from mixer_kernels.mosaic_gpu.common import swizzled_smem
-from mixer_kernels.mosaic_gpu.short_conv.common import BLOCK, BACKWARD_PARAMS, PAD
+from mixer_kernels.mosaic_gpu.short_conv.common import BLOCK, PAD, backward_params
 from mixer_kernels.mosaic_gpu.short_conv.shifted_rows import copy_taps_and_ids, pre_activation
 
 
@@ -97,5 +97,5 @@ def conv_backward(x, dy, idsp, taps, *, normalize: bool, eps: float):
     kernel.__name__ = "short_conv_backward"  # the kernel's name in profiles
     return plgpu.kernel(kernel, out_type=out_type, scratch_types=scratch,
                         grid=(heads, blocks, batch), grid_names=("h", "t", "b"),
-                        compiler_params=BACKWARD_PARAMS)(
+                        compiler_params=backward_params())(
         x, dy, idsp, taps)

@@ -9,11 +9,13 @@ and their `supports` (the Mosaic GPU helpers: mixer_kernels/mosaic_gpu/common.py
     head_width(channels, normalize_heads)    channels per program
     kernel_program(kernel, **static)          the kernel behind one jax.jit per configuration
     kernel_inputs(x, kernel, segment_ids, normalize_heads)   the kernels' operands
-    FORWARD_PARAMS, BACKWARD_PARAMS   the kernels' Mosaic GPU options: approximate exp (the
-                     hardware's ex2, relative error near 2^-22, far below the bf16 rounding of
-                     the outputs; the GPU interpreter of the tests computes it exactly); the
-                     backward, whose taps' gradient sums a tile over its rows, also 8 KiB of
-                     shared memory for sums across the warps (`REDUCTION_SCRATCH_BYTES`)
+    forward_params(), backward_params()   the kernels' Mosaic GPU options: approximate exp
+                     (the hardware's ex2, relative error near 2^-22, far below the bf16
+                     rounding of the outputs; the GPU interpreter of the tests computes it
+                     exactly); the backward, whose taps' gradient sums a tile over its rows,
+                     also 8 KiB of shared memory for sums across the warps
+                     (`REDUCTION_SCRATCH_BYTES`); both order their shared-memory accesses
+                     themselves (mixer_kernels/mosaic_gpu/common.py KERNEL_BARRIERS)
 
 Each kernel runs behind one `jax.jit` per configuration, so the layers' convolutions of equal
 shapes share one lowered kernel per compiled step.
@@ -23,18 +25,23 @@ import functools
 
 import jax
 import jax.numpy as jnp
-from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from mixer_core.padding import pad_time
-from mixer_kernels.mosaic_gpu.common import REDUCTION_SCRATCH_BYTES, document_start_index
+from mixer_kernels.mosaic_gpu.common import (REDUCTION_SCRATCH_BYTES, compiler_params,
+                                             document_start_index)
 
 PAD = 8
 BLOCK = 64
 GROUP = 64
 SUPPORTED_HEAD_DIMS = (64, 128)
-FORWARD_PARAMS = plgpu.CompilerParams(approx_math=True)
-BACKWARD_PARAMS = plgpu.CompilerParams(approx_math=True,
-                                       reduction_scratch_bytes=REDUCTION_SCRATCH_BYTES)
+
+
+def forward_params():
+    return compiler_params(approx_math=True)
+
+
+def backward_params():
+    return compiler_params(approx_math=True, reduction_scratch_bytes=REDUCTION_SCRATCH_BYTES)
 
 
 def head_width(channels: int, normalize_heads: int | None) -> int:

@@ -19,7 +19,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from mixer_kernels.mosaic_gpu.common import swizzled_smem
-from mixer_kernels.mosaic_gpu.short_conv.common import BLOCK, FORWARD_PARAMS, PAD
+from mixer_kernels.mosaic_gpu.short_conv.common import BLOCK, PAD, forward_params
 from mixer_kernels.mosaic_gpu.short_conv.shifted_rows import copy_taps_and_ids, pre_activation
 
 
@@ -58,4 +58,4 @@ def conv_forward(x, idsp, taps, *, normalize: bool, eps: float, dtype):
     return plgpu.kernel(kernel, out_type=jax.ShapeDtypeStruct(x.shape, dtype),
                         scratch_types=scratch, grid=(heads, rows // n, batch),
                         grid_names=("h", "t", "b"),
-                        compiler_params=FORWARD_PARAMS)(x, idsp, taps)
+                        compiler_params=forward_params())(x, idsp, taps)

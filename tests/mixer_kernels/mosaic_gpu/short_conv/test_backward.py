@@ -160,7 +160,7 @@ def _lowered_backward(length, monkeypatch=None, params=None):
     from benchmarks.kernel_op_count import captured_kernels
     from mixer_kernels.mosaic_gpu.short_conv import backward_kernel
     if params is not None:
-        monkeypatch.setattr(backward_kernel, "BACKWARD_PARAMS", params)
+        monkeypatch.setattr(backward_kernel, "backward_params", lambda: params)
     x, kernel = jnp.zeros((2, length, 768), jnp.bfloat16), jnp.zeros((4, 768), jnp.float32)
 
     def grads(x, kernel):
