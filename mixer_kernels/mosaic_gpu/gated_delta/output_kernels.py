@@ -114,7 +114,8 @@ def forward(q, states, w, u, p, e, *, scale, interpret=None):
         scratch += (swizzled_smem((c, value_dim), op_dtype),)  # N
     out_type = jax.ShapeDtypeStruct((batch, q.shape[1], num_v_heads, value_dim), jnp.float32)
     return per_chunk(kernel, "delta_rule_chunk_outputs", out_type, scratch,
-                     (num_chunks, num_v_heads, batch), interpret, ordered=True)(q, states, w, u, p, e)
+                     (num_chunks, num_v_heads, batch), interpret,
+                     ordered=True)(q, states, w, u, p, e)
 
 
 def backward(q, states, w, u, p, e, d_out, *, scale, with_dw=True, interpret=None):
