@@ -8,6 +8,7 @@ environment, for the GPU scripts beside this file (unset or empty: the library's
     STATE_GRADIENTS  "xla" | "pallas"       vjp.STATE_GRADIENTS
     CONV          "xla"                     the short convolutions without their kernel backward
     FIELDS        "by_level" | "kernels" | "all_levels"   .../attention/fields.py FIELD_PASSES
+    BARRIERS      "automatic" | "explicit"  mixer_kernels/mosaic_gpu/common.py KERNEL_BARRIERS
 
     python3 benchmarks/gpu/train_with_knobs.py bench gdn_125m --context 2048 --batch-size 8
 """
@@ -16,6 +17,7 @@ import os
 import sys
 
 from gdn_jax.ops import short_conv
+from mixer_kernels.mosaic_gpu import common
 from mixer_kernels.mosaic_gpu.attention import fields
 from mixer_kernels.mosaic_gpu.gated_delta import vjp
 from train.cli.entry import main
@@ -27,6 +29,8 @@ for name, attribute in (("INTRA", "INTRA_BACKWARD"), ("XLA_OPERANDS", "XLA_OPERA
         setattr(vjp, attribute, os.environ[name])
 if os.environ.get("FIELDS"):
     fields.FIELD_PASSES = os.environ["FIELDS"]
+if os.environ.get("BARRIERS"):
+    common.KERNEL_BARRIERS = os.environ["BARRIERS"]
 if os.environ.get("CONV") == "xla":
     short_conv.REGISTRY = short_conv.REGISTRY.with_default_order(("xla",))
 
