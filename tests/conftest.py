@@ -41,6 +41,7 @@ CPU_LEVEL_FLAG = "--xla_backend_optimization_level=0"
 
 # modules whose module-scoped fixture trains a run or starts an 8-device subprocess
 SHARED_FIXTURE_MODULES = frozenset({
+    "tests/fpa_jax/test_context_parallel.py",
     "tests/mixer_core/test_shard.py",
     "tests/train/cli/test_entry_unreadable_runs.py",
     "tests/train/experiments/test_stages_chain.py",
@@ -54,6 +55,8 @@ SHARED_SESSION_FIXTURES = {
                          "tests/train/cli/test_generate_progress.py",
                          "tests/train/core/test_evaluate_documents.py",
                          "tests/train/experiments/test_long_eval.py"),
+    "tiny_fpa_run": ("tests/train/generate/test_lm.py",
+                     "tests/train/tools/test_export_fpa_torch.py"),
 }
 SCHEDULING_UNITS = {**{module: module for module in SHARED_FIXTURE_MODULES},
                     **{module: fixture for fixture, modules in SHARED_SESSION_FIXTURES.items()

@@ -1,11 +1,12 @@
 """Ring attention for FPA and FoX (fpa_jax/context_parallel.py) against the dense oracles.
 
 The multi-device checks run in one subprocess with
-XLA_FLAGS=--xla_force_host_platform_device_count=8 (the flag must be set before JAX starts):
-outputs and gradients of every float input, FPA's straight-through soft-minimum gradient
-included. A second subprocess (4 devices) runs each ring alone, B=1 without segment ids, at
+XLA_FLAGS=--xla_force_host_platform_device_count=8 (the flag must be set before JAX starts),
+started once per module (one start-up): outputs and gradients of every float input, FPA's
+straight-through soft-minimum gradient included (SCRIPT, its programs at the session's CPU
+optimisation level 0); then each ring alone on 4 of the devices, B=1 without segment ids, at
 XLA's CPU optimisation level 0 (where the softmax shift's gradient once gave inf dq, dk) and at
-XLA's default level (every other multi-device test runs at the session's level 0).
+XLA's default level (RING_ALONE_SCRIPT; every other multi-device test runs at level 0).
 """
 
 import textwrap
@@ -115,13 +116,12 @@ SCRIPT = textwrap.dedent("""
 
     result["fox"] = compare(fox_split, fox_unsplit, (q, k, v, log_forget),
                             ("q", "k", "v", "log_forget"))
-    print("RESULT " + json.dumps(result))
 """)
 
 
 @pytest.mark.slow
-def test_ring_attention_matches_unsplit_values_and_gradients():
-    result = run_on_cpu_devices(SCRIPT.replace("SEED", str(case_seed(121))))
+def test_ring_attention_matches_unsplit_values_and_gradients(rings):
+    result = rings["rings"]
     assert set(result) == {"fpa", "fpa_query_level_no_content", "fox"}
     for case, errors in result.items():
         for name, error in errors.items():
@@ -177,25 +177,32 @@ RING_ALONE_SCRIPT = textwrap.dedent("""
         "fpa": ((q, k, v, phi, psi, beta), ("q", "k", "v", "phi", "psi", "beta"), fpa_split,
                 lambda *a: fpa_attention_reference(*a, scale=0.3, tau=0.7), (0, None)),
     }
-    result = {}
+    alone = {}
     for case, (args, names, split, unsplit, levels) in cases.items():
         want = grads(unsplit, args, LEVEL_0)   # the oracle: its level is not what is checked
         for level in levels:
             options = {} if level is None else {"xla_backend_optimization_level": level}
             got = grads(split, args, options)
-            result[f"{case} level {level}"] = {
+            alone[f"{case} level {level}"] = {
                 name: float(np.max(np.abs(np.asarray(g) - np.asarray(w)))
                             / np.max(np.abs(np.asarray(w))))
                 for name, g, w in zip(names, got, want)}
-    print("RESULT " + json.dumps(result))
 """)
 
 
+@pytest.fixture(scope="module")
+def rings():
+    """SCRIPT, then RING_ALONE_SCRIPT, in one subprocess at XLA's default level (the session's
+    level-0 flag, tests/conftest.py, is dropped): SCRIPT's programs ask for level 0 themselves,
+    RING_ALONE_SCRIPT's for each level it checks (None: the default)."""
+    script = (SCRIPT.replace("SEED", str(case_seed(121))) + RING_ALONE_SCRIPT
+              + 'print("RESULT " + json.dumps({"rings": result, "alone": alone}))\n')
+    return run_on_cpu_devices(script, str(case_seed(122)), default_level=True)
+
+
 @pytest.mark.slow
-def test_ring_alone_has_exact_gradients_at_cpu_optimisation_level_0():
-    # level None is XLA's default: the session's level-0 flag (tests/conftest.py) is dropped
-    result = run_on_cpu_devices(RING_ALONE_SCRIPT, str(case_seed(122)), devices=4,
-                                default_level=True)
+def test_ring_alone_has_exact_gradients_at_cpu_optimisation_level_0(rings):
+    result = rings["alone"]
     assert set(result) == {"fox level 0", "fox level None", "fpa level 0", "fpa level None"}
     for case, errors in result.items():
         assert len(errors) == (4 if case.startswith("fox") else 6), case

@@ -6,11 +6,17 @@ from pathlib import Path
 
 import numpy as np
 
+# a constant learning rate: runs of any train.steps compile one train step (the session's
+# compilation cache, tests/conftest.py, serves it to every other run)
 TINY = ["model.d_model=16", "model.num_layers=1", "attention.kind=softmax",
         "attention.position=rope", "attention.num_heads=2", "attention.head_dim=8",
         "data.seq_len=16", "data.batch_size=2", "data.heldout_fraction=0.2",
-        "optim.warmup_steps=1", "train.log_every=1", "train.eval_batches=1",
-        "train.eval_every=0", "train.position_buckets=2"]
+        "optim.warmup_steps=1", "optim.schedule=constant", "train.log_every=1",
+        "train.eval_batches=1", "train.eval_every=0", "train.position_buckets=2"]
+
+# the tiny_fpa preset at the same size (tests/train/conftest.py `tiny_fpa_run`)
+TINY_FPA = [o for o in TINY if not o.startswith("attention.")] + ["attention.num_heads=2",
+                                                                   "attention.head_dim=8"]
 
 WORDS = ["def", "return", "x", "y", "(", ")", ":", "=", "+", "1", "\n", "    "]
 
@@ -24,15 +30,17 @@ def write_corpus(root: Path, seed: int, documents: int = 12) -> Path:
     return root
 
 
-def fit_tiny_run(root: Path, seed: int, documents: int = 12, steps: int = 2) -> Path:
-    """Train the tiny softmax LM for `steps` steps on a fresh corpus under root; the run dir."""
+def fit_tiny_run(root: Path, seed: int, documents: int = 12, steps: int = 2,
+                 preset: str = "tiny_softmax", overrides: tuple[str, ...] = tuple(TINY)) -> Path:
+    """Train the tiny softmax LM (or `preset` with `overrides`) for `steps` steps on a fresh
+    corpus under root; the run dir."""
     from train.cli.entry import main
 
     corpus = root / "corpus"
     corpus.mkdir()
     write_corpus(corpus, seed=seed, documents=documents)
     run_dir = root / "run"
-    assert main(["fit", "tiny_softmax", *TINY, f"data.source={corpus}", f"train.steps={steps}",
+    assert main(["fit", preset, *overrides, f"data.source={corpus}", f"train.steps={steps}",
                  "train.tensorboard=false", "--run-dir", str(run_dir)]) == 0
     return run_dir
 

@@ -11,7 +11,9 @@ from tests.seeds import case_seed
 
 
 def _normal(seed, shape, dtype=jnp.float32):
-    return jax.random.normal(jax.random.PRNGKey(case_seed(seed)), shape, dtype)
+    """Drawn with NumPy (jax.random would compile a program per shape)."""
+    rng = np.random.default_rng(case_seed(seed))
+    return jnp.asarray(rng.standard_normal(shape, np.float32).astype(dtype))
 
 
 def _qkv(seed, shape, dtype=jnp.float32):
@@ -20,8 +22,8 @@ def _qkv(seed, shape, dtype=jnp.float32):
 
 def _segments(seed, batch, length, count=3):
     """Sorted random document ids [B, T] int32 (contiguous documents)."""
-    ids = jax.random.randint(jax.random.PRNGKey(case_seed(seed)), (batch, length), 0, count)
-    return jnp.sort(ids, axis=1).astype(jnp.int32)
+    ids = np.random.default_rng(case_seed(seed)).integers(0, count, (batch, length))
+    return jnp.asarray(np.sort(ids, axis=1).astype(np.int32))
 
 
 def _close(actual, expected, tol):

@@ -2,8 +2,6 @@
 where the bias fell below the threshold with the freed slots reused, loud overflow, and every
 attention layer's prefill + one-token step against its own parallel forward."""
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -20,20 +18,17 @@ from tests.seeds import case_seed
 THRESHOLD = -10.0
 
 
-def make_inputs(seed, **shape):
-    return _make_inputs(jax.random.PRNGKey(seed), **shape)
+_fields = jax.jit(fields)   # one program (op by op, each small op would compile on its own)
 
 
-@functools.partial(jax.jit, static_argnames=("batch", "length", "heads", "dim", "tilt",
-                                             "beta_low"))
-def _make_inputs(key, batch=2, length=40, heads=3, dim=8, tilt=0.0, beta_low=-1.0):
-    """One compiled program (op by op, each small op would compile on its own)."""
-    keys = jax.random.split(key, 6)
-    q, k, v = (jax.random.normal(keys[i], (batch, length, heads, dim)) for i in range(3))
-    delta = jax.random.normal(keys[3], (batch, length, heads)) + tilt
-    phi, psi = fields(delta, jax.random.normal(keys[4], delta.shape),
-                      jax.random.normal(keys[5], delta.shape))
-    beta = jax.nn.softplus(jnp.linspace(beta_low, 1.0, heads))
+def make_inputs(seed, batch=2, length=40, heads=3, dim=8, tilt=0.0, beta_low=-1.0):
+    """Drawn with NumPy, so only the fields compile (jax.random: a program per shape)."""
+    rng = np.random.default_rng(seed)
+    normal = lambda *shape: rng.standard_normal(shape, np.float32)
+    q, k, v = (jnp.asarray(normal(batch, length, heads, dim)) for _ in range(3))
+    delta = jnp.asarray(normal(batch, length, heads) + np.float32(tilt))
+    phi, psi = _fields(delta, jnp.asarray(normal(*delta.shape)), jnp.asarray(normal(*delta.shape)))
+    beta = jnp.asarray(np.logaddexp(0, np.linspace(beta_low, 1.0, heads)).astype(np.float32))
     return q, k, v, phi, psi, beta
 
 
@@ -108,10 +103,12 @@ def test_prefix_scalars_in_blocks_equal_the_dense_formulas():
 
 def test_fox_rule_evicts_exactly_below_the_threshold():
     seed = case_seed(3)
-    keys = jax.random.split(jax.random.PRNGKey(seed), 4)
+    rng = np.random.default_rng(seed)
     batch, length, heads, dim = 2, 48, 2, 4
-    q, k, v = (jax.random.normal(keys[i], (batch, length, heads, dim)) for i in range(3))
-    log_forget = jax.nn.log_sigmoid(jax.random.normal(keys[3], (batch, length, heads)))
+    q, k, v = (jnp.asarray(rng.standard_normal((batch, length, heads, dim), np.float32))
+               for _ in range(3))
+    log_forget = jnp.asarray(-np.logaddexp(np.float32(0), -rng.standard_normal(
+        (batch, length, heads), np.float32)))   # log sigmoid
 
     def step(cache, inputs):
         return additive.decode_step(cache, *inputs, scale=0.5, evict_below=THRESHOLD)[1], None
@@ -186,13 +183,12 @@ LAYERS = {
 def test_layer_prefill_and_steps_reproduce_the_parallel_forward(name):
     layer, seed = LAYERS[name], case_seed(10 + sorted(LAYERS).index(name))
     batch, length, prefix, width = 2, 7, 3, 8
-    x = jax.random.normal(jax.random.PRNGKey(seed), (batch, length, width))
+    rng = np.random.default_rng(seed)   # NumPy: jax.random would compile per shape
+    x = jnp.asarray(rng.standard_normal((batch, length, width), np.float32))
     params = nn.meta.unbox(layer.init(jax.random.PRNGKey(seed + 1), x)["params"])
     # perturb every parameter so the zero-initialised scalar maps depend on x
-    leaves, tree = jax.tree.flatten(params)
-    noise = jax.random.split(jax.random.PRNGKey(seed + 2), len(leaves))
-    params = jax.tree.unflatten(tree, [p + 0.3 * jax.random.normal(n, p.shape)
-                                       for p, n in zip(leaves, noise)])
+    params = jax.tree.map(lambda p: jnp.asarray(
+        np.asarray(p) + np.float32(0.3) * rng.standard_normal(p.shape, np.float32)), params)
 
     def decode(x):
         y, cache = layer_decoding.prefill(layer, params, x[:, :prefix], evict_below=None)

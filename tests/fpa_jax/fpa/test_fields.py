@@ -16,10 +16,10 @@ HEADS, DIM = 2, 8
 
 def packed_documents(seed, lengths):
     """delta, g, h [1, T, H] and contiguous segment ids [1, T] (document d has id d + 3)."""
-    keys = jax.random.split(jax.random.PRNGKey(seed), 3)
+    rng = np.random.default_rng(seed)   # NumPy: jax.random would compile per shape
     shape = (1, sum(lengths), HEADS)
-    delta = jax.random.normal(keys[0], shape) - 0.2
-    g, h = (jax.random.normal(key, shape) for key in keys[1:])
+    delta = jnp.asarray(rng.standard_normal(shape, np.float32) - np.float32(0.2))
+    g, h = (jnp.asarray(rng.standard_normal(shape, np.float32)) for _ in range(2))
     segment_ids = jnp.asarray(np.repeat(np.arange(len(lengths)) + 3, lengths)[None], jnp.int32)
     return delta, g, h, segment_ids
 
@@ -60,8 +60,9 @@ def test_a_constant_walk_offset_per_document_changes_nothing(implementation):
     # a different large constant per document, the same for phi and psi (and both heads)
     offsets = jnp.asarray(np.repeat([40.0, -35.0, 25.0, -50.0], lengths)[None, :, None],
                           jnp.float32)
-    keys = jax.random.split(jax.random.PRNGKey(seed + 1), 4)
-    q, k, v = (jax.random.normal(key, (1, sum(lengths), HEADS, DIM)) for key in keys[:3])
+    rng = np.random.default_rng(seed + 1)
+    q, k, v = (jnp.asarray(rng.standard_normal((1, sum(lengths), HEADS, DIM), np.float32))
+               for _ in range(3))
     beta = jnp.array([0.5, 2.0])
     options = dict(segment_ids=segment_ids, implementation=implementation)
     if implementation == "xla":

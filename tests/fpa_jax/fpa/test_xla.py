@@ -13,19 +13,17 @@ from fpa_jax import fields, fpa_attention, fpa_bias
 SEED = run_seed()  # fresh every session; TEST_SEED reproduces it
 
 
-def make_inputs(seed, **shape):
-    return _make_inputs(jax.random.PRNGKey(seed), **shape)
+_fields = jax.jit(fields)   # one program (op by op, each small op would compile on its own)
 
 
-@functools.partial(jax.jit, static_argnames=("batch", "length", "heads", "dim", "step", "tilt",
-                                             "dtype"))
-def _make_inputs(key, batch=2, length=37, heads=3, dim=8, step=1.0, tilt=0.0, dtype=jnp.float32):
-    """One compiled program (op by op, each small op would compile on its own)."""
-    keys = jax.random.split(key, 7)
-    q, k, v = (jax.random.normal(keys[i], (batch, length, heads, dim)).astype(dtype) for i in range(3))
-    delta = step * jax.random.normal(keys[3], (batch, length, heads)) + tilt
-    phi, psi = fields(delta, jax.random.normal(keys[4], delta.shape), jax.random.normal(keys[5], delta.shape))
-    beta = jax.nn.softplus(jax.random.normal(keys[6], (heads,)))
+def make_inputs(seed, batch=2, length=37, heads=3, dim=8, step=1.0, tilt=0.0):
+    """Drawn with NumPy, so only the fields compile (jax.random: a program per shape)."""
+    rng = np.random.default_rng(seed)
+    normal = lambda *shape: rng.standard_normal(shape, np.float32)
+    q, k, v = (jnp.asarray(normal(batch, length, heads, dim)) for _ in range(3))
+    delta = jnp.asarray(step * normal(batch, length, heads) + np.float32(tilt))
+    phi, psi = _fields(delta, jnp.asarray(normal(*delta.shape)), jnp.asarray(normal(*delta.shape)))
+    beta = jnp.asarray(np.logaddexp(np.float32(0), normal(heads)))   # softplus
     return q, k, v, phi, psi, beta
 
 
@@ -119,9 +117,10 @@ def test_bf16_inputs_use_float32_statistics():
 
 
 def test_fox_special_case_equals_fox_formula():
-    keys = jax.random.split(jax.random.PRNGKey(SEED + 6), 4)
+    rng = np.random.default_rng(SEED + 6)
     batch, length, heads, dim = 2, 90, 3, 8
-    log_forget = jax.nn.log_sigmoid(2.0 + jax.random.normal(keys[0], (batch, length, heads)))
+    log_forget = jnp.asarray(-np.logaddexp(np.float32(0), -2 - rng.standard_normal(
+        (batch, length, heads), np.float32)))   # log sigmoid
     zeros = jnp.zeros_like(log_forget)
     phi, psi = fields(log_forget, zeros, zeros)
     bias = fpa_bias(phi, psi, jnp.ones(heads))
@@ -130,7 +129,8 @@ def test_fox_special_case_equals_fox_formula():
     causal = jnp.tril(jnp.ones((length, length), bool))
     np.testing.assert_array_equal(np.asarray(jnp.where(causal, bias, 0.0)),
                                   np.asarray(jnp.where(causal, fox, 0.0)))
-    q, k, v = (jax.random.normal(keys[i + 1], (batch, length, heads, dim)) for i in range(3))
+    q, k, v = (jnp.asarray(rng.standard_normal((batch, length, heads, dim), np.float32))
+               for _ in range(3))
 
     @jax.jit
     def fox_attention(q, k, v, fox):

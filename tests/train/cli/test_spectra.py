@@ -9,7 +9,7 @@ from train.cli.entry import main
 
 @pytest.mark.slow
 def test_the_spectra_table_fits_100_columns(gdn_cpt_runs, tmp_path, capsys):
-    reference, extended, _ = gdn_cpt_runs
+    reference, extended, _, _ = gdn_cpt_runs
     capsys.readouterr()
     assert main(["spectra", str(reference), "--compare", str(extended), "--lengths", "40", "64",
                  "--samples", "1", "--out", str(tmp_path / "sp")]) == 0
@@ -27,7 +27,7 @@ def test_needle_tokens_are_the_inputs_spectra_measures(gdn_cpt_runs):
     with needle_tokens instead of measuring it again: they must be spectra's own."""
     from train.experiments.spectra import needle_tokens, spectra
 
-    reference, _, _ = gdn_cpt_runs
+    reference, _, _, _ = gdn_cpt_runs
     position = 20
     _, _, measured = spectra(reference, lengths=[40, 64], needle_position=position,
                              num_samples=2)

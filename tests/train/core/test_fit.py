@@ -1,5 +1,6 @@
 """End-to-end training runs in subprocesses: exact resume after SIGTERM and after kill -9 in the
-middle of an async checkpoint save, SpectralShift continued pretraining, eval, plot and bench.
+middle of an async checkpoint save, eval, plot and bench (SpectralShift continued pretraining:
+tests/train/cli/test_cpt.py).
 
 All runs share one persistent compilation cache, so only the first run of each model compiles.
 """
@@ -23,8 +24,7 @@ TINY = ["model.d_model=32", "model.num_layers=2", "attention.kind=softmax",
         "optim.warmup_steps=2", "optim.lr=3e-3", "train.log_every=1", "train.eval_batches=2",
         "train.position_buckets=4"]
 
-# Runs `train.core.fit.fit` (or `train.experiments.cpt.continued_pretraining`) for each of
-# options["runs"], with optional fault injection:
+# Runs `train.core.fit.fit` for each of options["runs"], with optional fault injection:
 #   sigterm_after_steps: the process sends itself SIGTERM after that many train steps
 #   sigkill_in_save: SIGKILL inside the n-th checkpoint save of the process, after the save
 #                    started (the iterator item is written) and before the step is committed
@@ -34,7 +34,6 @@ DRIVER = textwrap.dedent("""
     from train.checkpoint import iterator_state
     from train.core import fit
     from train.core.presets import load_config
-    from train.experiments import cpt
 
     if options.get("sigterm_after_steps"):
         original_build = fit.build_session
@@ -67,9 +66,7 @@ DRIVER = textwrap.dedent("""
         iterator_state._IteratorStateHandler.save = save
 
     for job in options["runs"]:  # one after the other in this process
-        config = load_config(None, job["overrides"])
-        run = cpt.continued_pretraining if job.get("cpt") else fit.fit
-        result = run(config, job["run_dir"])
+        result = fit.fit(load_config(None, job["overrides"]), job["run_dir"])
         print("RESULT " + json.dumps({"steps": result.steps, "start_step": result.start_step,
                                       "preempted": result.preempted, "eval_loss": result.eval_loss,
                                       "latest": result.latest_checkpoint}), flush=True)
@@ -90,9 +87,9 @@ def corpus(tmp_path_factory):
 
 
 def run_driver(environment, runs, expect_rc=0, **options):
-    """runs: [(run_dir, overrides, is_cpt)]; returns the FitResults (as dicts) of the runs that
+    """runs: [(run_dir, overrides)]; returns the FitResults (as dicts) of the runs that
     finished."""
-    jobs = [{"run_dir": str(d), "overrides": o, "cpt": c} for d, o, c in runs]
+    jobs = [{"run_dir": str(d), "overrides": o} for d, o in runs]
     completed = subprocess.run([sys.executable, "-c", DRIVER, json.dumps({"runs": jobs, **options})],
                                cwd=REPO, env=environment, capture_output=True, text=True,
                                timeout=600)
@@ -124,7 +121,7 @@ def test_interrupted_runs_resume_exactly(tmp_path, corpus, environment, capsys):
     # (one start-up less) the run resumes and SIGKILL hits the middle of the async save of
     # step 6, the process's third save (3, 4, 6): steps 3 and 4 survive, 6 is not committed.
     # The resume from step 4 in a fresh process is the last driver's.
-    (stopped,) = run_driver(environment, [(interrupted, overrides, False)] * 2, expect_rc=-9,
+    (stopped,) = run_driver(environment, [(interrupted, overrides)] * 2, expect_rc=-9,
                             sigterm_after_steps=4, sigkill_in_save=3)
     assert stopped["preempted"] and stopped["steps"] == 4 and stopped["latest"] == 4
     assert committed_steps(interrupted) == [3, 4]
@@ -135,8 +132,8 @@ def test_interrupted_runs_resume_exactly(tmp_path, corpus, environment, capsys):
     assert set(before_final_resume) == set(range(1, 7))
 
     # the uninterrupted run shares the resuming process, after the resume (one start-up less)
-    resumed, straight = run_driver(environment, [(interrupted, overrides, False),
-                                                 (straight_dir, overrides, False)])
+    resumed, straight = run_driver(environment, [(interrupted, overrides),
+                                                 (straight_dir, overrides)])
     assert resumed["start_step"] == 4 and resumed["steps"] == 8
     straight_losses, resumed_losses = train_losses(straight_dir), train_losses(interrupted)
     assert sorted(straight_losses) == sorted(resumed_losses) == list(range(1, 9))
@@ -172,46 +169,6 @@ def test_interrupted_runs_resume_exactly(tmp_path, corpus, environment, capsys):
     assert main(["plot", str(straight_dir), "--out", str(tmp_path / "plots")]) == 0
     for name in ("loss.png", "position_loss.png"):
         assert (tmp_path / "plots" / name).read_bytes()[:4] == b"\x89PNG"
-
-
-@pytest.mark.slow
-def test_spectral_shift_cpt_applies_once(tmp_path, corpus, environment):
-    """cpt from a 1-layer GDN reference, extending L_ref=16 to L_tar=64 (k=0.5 -> s=0.5): the
-    alpha kernels start at mu + s (W - mu); a resumed cpt run does not shift them again."""
-    from train.core.runs import load_run, restore_run_state
-    from train.core.session import build_session
-
-    gdn = ["model.d_model=32", "model.num_layers=1", "model.pattern=G", "gdn.num_heads=2",
-           "gdn.head_dim=16", "gdn.implementation=reference", "data.batch_size=2",
-           "data.seq_len=16", "data.heldout_fraction=0.2", f"data.source={corpus}",
-           "train.eval_batches=1", "optim.warmup_steps=0", "optim.schedule=constant"]
-    reference_dir, cpt_dir = tmp_path / "reference", tmp_path / "cpt"
-    # same context length as the reference (cheap), the extension given explicitly
-    cpt = gdn + ["optim.lr=1e-12", f"cpt.reference={reference_dir}", "cpt.l_ref=16",
-                 "cpt.l_tar=64"]
-    _, first, resumed = run_driver(environment, [
-        (reference_dir, gdn + ["train.steps=2"], False),
-        (cpt_dir, cpt + ["train.steps=1"], True),
-        (cpt_dir, cpt + ["train.steps=2"], True)])
-    assert first["steps"] == 1 and resumed["start_step"] == 1 and resumed["steps"] == 2
-
-    restored = {}
-    for name, path in [("reference", reference_dir), ("cpt", cpt_dir)]:
-        config, tokenizer = load_run(path)
-        restored[name] = restore_run_state(path, build_session(config, tokenizer.vocab_size))
-    reference = restored["reference"].state["params"]["layers_0"]["mixer"]
-    shifted = restored["cpt"].state["params"]["layers_0"]["mixer"]
-    w_ref, w_cpt = np.asarray(reference["a_proj"]["kernel"]), np.asarray(shifted["a_proj"]["kernel"])
-    mu = w_ref.mean()
-    np.testing.assert_allclose(w_cpt, mu + 0.5 * (w_ref - mu), atol=1e-6)  # once, not twice
-    assert np.abs(w_cpt - w_ref).max() > 1e-3
-    np.testing.assert_allclose(shifted["b_proj"]["kernel"], reference["b_proj"]["kernel"], atol=1e-6)
-    np.testing.assert_allclose(shifted["A_log"], reference["A_log"], atol=1e-6)
-    assert restored["cpt"].step == 2
-    assert load_run(cpt_dir)[0].optim.alpha_lr_scale == 0.5
-    (marker,) = restored["cpt"].record["extra"]["spectral_shift_applied"]
-    assert (marker["l_ref"], marker["l_tar"], marker["s"]) == (16, 64, 0.5)
-    assert marker["reference_step"] == 2
 
 
 def test_bench_command_reports_throughput_and_memory(tmp_path, capsys):

@@ -37,12 +37,13 @@ def test_matches_dense_loop_over_experts_values_and_gradients(capacity_factor):
     gradients w.r.t. every weight and the input equal a loop that runs every expert on every
     token and combines with the routing weights."""
     batch, length, width, num_experts, top_k, hidden = 2, 7, 8, 5, 2, 6
-    key = jax.random.PRNGKey(case_seed(int(capacity_factor * 10)))
-    x = jax.random.normal(key, (batch, length, width))
+    seed = case_seed(int(capacity_factor * 10))
+    rng = np.random.default_rng(seed)   # NumPy: jax.random would compile per shape
+    x = jnp.asarray(rng.standard_normal((batch, length, width), np.float32))
     layer = MoEFeedForward(num_experts, top_k, hidden, capacity_factor=capacity_factor,
                            init_std=0.5)
     # init compiled whole (op by op, each of its small ops would compile on its own)
-    params = nn.meta.unbox(jax.jit(layer.init)(jax.random.fold_in(key, 1), x)["params"])
+    params = nn.meta.unbox(jax.jit(layer.init)(jax.random.PRNGKey(seed), x)["params"])
 
     keep = None
     if capacity_factor:
@@ -53,7 +54,7 @@ def test_matches_dense_loop_over_experts_values_and_gradients(capacity_factor):
 
     # a fixed random cotangent: a loss linear in the output adds no rounding of its own (sin(3 out)
     # turned the outputs' last-bit differences into 1e-5 relative gradient differences)
-    cotangent = jax.random.normal(jax.random.fold_in(key, 2), x.shape)
+    cotangent = jnp.asarray(rng.standard_normal(x.shape, np.float32))
 
     def loss(forward):
         def value(params, x):
@@ -76,7 +77,7 @@ def test_matches_dense_loop_over_experts_values_and_gradients(capacity_factor):
 
 def test_load_balancing_term_is_one_under_uniform_routing_and_has_a_router_gradient():
     num_experts, top_k, coef = 4, 2, 0.03
-    x = jax.random.normal(jax.random.PRNGKey(case_seed(3)), (2, 6, 8))
+    x = jnp.asarray(np.random.default_rng(case_seed(3)).standard_normal((2, 6, 8), np.float32))
     layer = MoEFeedForward(num_experts, top_k, 6, aux_loss_coef=coef)
     params = nn.meta.unbox(jax.jit(layer.init)(jax.random.PRNGKey(0), x)["params"])
 

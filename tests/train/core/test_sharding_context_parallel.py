@@ -81,9 +81,13 @@ SCRIPT = textwrap.dedent("""
             text = str(traced.jaxpr) if trace else ""
             value_and_grad = traced.lower().compile()
             first, grads = value_and_grad(state["params"], global_batch)
-            stepped = jax.tree.map(lambda p, g: p - LR * g, state["params"], grads)
+            grads = jax.device_get(grads)
+            # the update on the host (op by op on the devices, each leaf's shape compiles twice)
+            stepped = jax.device_put(jax.tree.map(lambda p, g: p - LR * g,
+                                                  jax.device_get(state["params"]), grads),
+                                     shardings)
             second, _ = value_and_grad(stepped, global_batch)
-        return jax.device_get(grads), [float(first), float(second)], text
+        return grads, [float(first), float(second)], text
 
     out = {}
     # GDN (state passing), then FPA with query levels: a bias-free layer (the softmax ring) and

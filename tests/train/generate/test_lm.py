@@ -37,6 +37,11 @@ MODELS = {
 }
 
 
+def _tokens(seed, shape):
+    """Random token ids, drawn with NumPy (jax.random would compile a program per shape)."""
+    return jnp.asarray(np.random.default_rng(seed).integers(0, VOCAB, shape, np.int32))
+
+
 def tiny_model(name, seed):
     preset, extra = MODELS[name]
     model = build_model(load_config(preset, [*TINY, *extra]), VOCAB)
@@ -54,7 +59,7 @@ def test_prefill_and_decode_steps_reproduce_the_parallel_logits(name):
     seed = case_seed(20 + list(MODELS).index(name))
     model, params = tiny_model(name, seed)
     length, prefix = 9, 4
-    tokens = jax.random.randint(jax.random.PRNGKey(seed), (2, length), 0, VOCAB)
+    tokens = _tokens(seed, (2, length))
     np.testing.assert_allclose(decode_logits(Decoder(model, evict_below=None), params, tokens,
                                              prefix),
                                parallel_logits(model, params, tokens), atol=1e-4, rtol=1e-4,
@@ -91,7 +96,7 @@ def test_decoding_with_eviction_equals_the_dense_study_with_those_keys_masked():
     seed = case_seed(33)
     model, params = tiny_model("fpa", seed)
     params = fast_decay(params, rate=-4.0)
-    tokens = jax.random.randint(jax.random.PRNGKey(seed), (2, 10), 0, VOCAB)
+    tokens = _tokens(seed, (2, 10))
     decoder = Decoder(model, evict_below=-10.0)
     decoded = decode_logits(decoder, params, tokens, 1)
     for block in (128, 3):                            # one query block; four, the last short
@@ -109,7 +114,7 @@ def test_the_full_study_of_a_hybrid_is_the_parallel_forward():
     attention layer counts keys."""
     seed = case_seed(34)
     model, params = tiny_model("hybrid", seed)
-    tokens = jax.random.randint(jax.random.PRNGKey(seed), (2, 7), 0, VOCAB)
+    tokens = _tokens(seed, (2, 7))
     decoder = Decoder(model, evict_below=None)
     study, counts = jax.jit(lambda p, t: masked_logits(
         decoder, p, t, jnp.ones_like(t), "full", None, 0, block=3))(params, tokens)
@@ -164,14 +169,13 @@ def dense_masked_attention(layer, params, x, segment_ids, mode, evict_below, win
 def test_blockwise_masked_attention_equals_the_dense_per_head_oracle(name):
     layer, seed = ORACLE_LAYERS[name], case_seed(40 + sorted(ORACLE_LAYERS).index(name))
     batch, length, width, block, window = 2, 37, 8, 8, 6       # 5 blocks, the last one short
-    keys = jax.random.split(jax.random.PRNGKey(seed), 4)
-    x = jax.random.normal(keys[0], (batch, length, width))
-    params = nn.meta.unbox(layer.init(keys[1], x)["params"])
-    leaves, tree = jax.tree.flatten(params)   # perturbed: the zero-initialised maps depend on x
-    noise = jax.random.split(keys[2], len(leaves))
-    params = jax.tree.unflatten(tree, [p + 0.5 * jax.random.normal(n, p.shape)
-                                       for p, n in zip(leaves, noise)])
-    cut = int(jax.random.randint(keys[3], (), 5, length - 5))           # two documents
+    rng = np.random.default_rng(seed)   # NumPy: jax.random would compile per shape
+    x = jnp.asarray(rng.standard_normal((batch, length, width), np.float32))
+    params = nn.meta.unbox(layer.init(jax.random.PRNGKey(seed + 1), x)["params"])
+    # perturbed: the zero-initialised maps depend on x
+    params = jax.tree.map(lambda p: jnp.asarray(
+        np.asarray(p) + np.float32(0.5) * rng.standard_normal(p.shape, np.float32)), params)
+    cut = int(rng.integers(5, length - 5))                              # two documents
     segment_ids = jnp.broadcast_to(1 + (jnp.arange(length) >= cut), (batch, length))
     # a threshold halfway between two neighbouring bias values: no pair sits on it
     causal = np.asarray(dense_masked_attention(layer, params, x, segment_ids, "full", None,
@@ -197,7 +201,7 @@ def test_blockwise_masked_attention_equals_the_dense_per_head_oracle(name):
 def test_greedy_generation_is_deterministic_and_follows_the_parallel_argmax():
     seed = case_seed(30)
     model, params = tiny_model("hybrid", seed)
-    prompt = np.asarray(jax.random.randint(jax.random.PRNGKey(seed), (2, 2), 0, VOCAB))  # < conv
+    prompt = np.asarray(_tokens(seed, (2, 2)))  # < conv
     generator = Generator(Decoder(model), params, SamplingConfig(temperature=0.0), VOCAB - 3)
     first = generator.generate(prompt, 8, seed=1).tokens
     second = generator.generate(prompt, 8, seed=2).tokens
@@ -239,19 +243,9 @@ def test_mixers_without_a_decoding_step_are_refused_up_front():
 
 
 @pytest.mark.slow
-def test_cli_generate_on_a_tiny_trained_run(tmp_path, capsys):
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    for index in range(6):
-        (corpus / f"doc_{index}.py").write_text("def f(x):\n    return x + 1\n" * (index + 2))
-    run_dir = tmp_path / "run"
-    assert main(["fit", "tiny_fpa", "model.d_model=16", "model.num_layers=1",
-                 "attention.num_heads=2", "attention.head_dim=8", "data.seq_len=16",
-                 "data.batch_size=2", "data.heldout_fraction=0.2", "optim.warmup_steps=1",
-                 "train.steps=3", "train.eval_batches=1", "train.tensorboard=false",
-                 f"data.source={corpus}", "--run-dir", str(run_dir)]) == 0
+def test_cli_generate_on_a_tiny_trained_run(tiny_fpa_run, tmp_path, capsys):
     capsys.readouterr()
-    argv = ["generate", str(run_dir), "--prompt", "def", "--max-new-tokens", "6",
+    argv = ["generate", str(tiny_fpa_run), "--prompt", "def", "--max-new-tokens", "6",
             "--temperature", "0"]
     assert main(argv) == 0
     lines = capsys.readouterr().out.splitlines()

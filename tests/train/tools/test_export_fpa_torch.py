@@ -15,7 +15,6 @@ from flax import traverse_util
 
 from tests.seeds import case_seed
 from train.tools import export
-from tests.train import tiny_run
 from train.cli.entry import build_parser, main
 from train.cli.export import command_export
 from train.core.presets import load_config
@@ -136,18 +135,11 @@ def test_unknown_format_is_refused_and_the_cli_takes_fpa_torch(tmp_path):
 
 
 @pytest.mark.slow
-def test_cli_exports_a_trained_fpa_run(tmp_path, capsys):
+def test_cli_exports_a_trained_fpa_run(tiny_fpa_run, tmp_path, capsys):
     """`python -m train export RUN --format fpa-torch` on a two-step tiny FPA run: the files
     of the format plus the run's token ids and tokenizer."""
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    tiny_run.write_corpus(corpus, seed=case_seed(7300), documents=6)
-    run_dir, out = tmp_path / "run", tmp_path / "out"
-    overrides = [o for o in tiny_run.TINY if not o.startswith("attention.")]
-    assert main(["fit", "tiny_fpa", *overrides, "attention.num_heads=2", "attention.head_dim=8",
-                 f"data.source={corpus}", "train.steps=2", "train.tensorboard=false",
-                 "--run-dir", str(run_dir)]) == 0
-    assert main(["export", str(run_dir), "--format", "fpa-torch", "--out", str(out)]) == 0
+    out = tmp_path / "out"
+    assert main(["export", str(tiny_fpa_run), "--format", "fpa-torch", "--out", str(out)]) == 0
     assert "as fpa_transformer" in capsys.readouterr().out
     assert {path.name for path in out.iterdir()} == FILES | {"generation_config.json",
                                                              "tokenizer"}

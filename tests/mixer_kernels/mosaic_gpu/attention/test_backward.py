@@ -6,8 +6,6 @@ reported by the interpreter. Shapes are tiny (the interpreter is slow); float32 
 the bf16 precision test (the 5e-3 bar of docs/benchmarks.md).
 """
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -21,10 +19,18 @@ from mixer_kernels.mosaic_gpu.attention.backward import (FPABias, NoBias, Separa
 from tests.seeds import case_seed
 
 
-@functools.partial(jax.jit, static_argnums=(1, 2))
+# Inputs are drawn and formed with NumPy: jax.random and op-by-op jnp compile programs per shape.
+
 def _qkv(seed, shape, dtype=jnp.float32):
-    keys = jax.random.split(jax.random.PRNGKey(seed), 4)
-    return tuple(jax.random.normal(key, shape, jnp.float32).astype(dtype) for key in keys)
+    rng = np.random.default_rng(seed)
+    return tuple(jnp.asarray(rng.standard_normal(shape, np.float32).astype(dtype))
+                 for _ in range(4))
+
+
+def _log_forget(seed, shape, shift):
+    """log sigmoid(x + shift), x standard normal."""
+    x = np.random.default_rng(seed).standard_normal(shape, np.float32)
+    return jnp.asarray(-np.logaddexp(np.float32(0), -(x + np.float32(shift))))
 
 
 def _oracle(fn, args, dout):
@@ -106,8 +112,7 @@ def test_separable_gradients(kind):
     q, k, v, dout = _qkv(seed, (batch, length, heads, 64))
     segment_ids = _segments(batch, length, seed) if kind == "fox" else None
     if kind == "fox":
-        log_forget = jax.nn.log_sigmoid(jax.random.normal(jax.random.PRNGKey(seed + 1),
-                                                          (batch, length, heads)) + 1.0)
+        log_forget = _log_forget(seed + 1, (batch, length, heads), 1.0)
         row = col = jnp.cumsum(log_forget, axis=1)
     else:
         slopes = jnp.array([0.5, 0.0625])
@@ -134,17 +139,17 @@ FPA_CASES = {
 SLOW_FPA_CASES = ("one_step", "drift_ties_dim128")    # the local loop keeps the other two
 
 
-@functools.partial(jax.jit, static_argnums=(1, 2, 3, 4, 5))
 def _fpa_inputs(seed, batch, length, heads, drift, ties):
-    keys = jax.random.split(jax.random.PRNGKey(seed), 4)
-    steps = jax.random.normal(keys[0], (batch, length, heads))
+    rng = np.random.default_rng(seed)
+    steps = rng.standard_normal((batch, length, heads), np.float32)
     if ties:
-        steps = jnp.round(steps)  # repeated field values and exact level ties
-    phi = jnp.cumsum(steps, axis=1) + drift * jnp.linspace(-1.0, 1.0, length)[None, :, None]
-    psi = phi + (jnp.round(jax.random.normal(keys[1], phi.shape)) if ties
-                 else jax.random.normal(keys[1], phi.shape))
-    beta = 0.3 + jax.random.uniform(keys[2], (heads,))
-    return phi, psi, beta
+        steps = np.round(steps)  # repeated field values and exact level ties
+    phi = (np.cumsum(steps, axis=1)
+           + np.float32(drift) * np.linspace(-1.0, 1.0, length, dtype=np.float32)[None, :, None])
+    offsets = rng.standard_normal(phi.shape, np.float32)
+    psi = phi + (np.round(offsets) if ties else offsets)
+    beta = np.float32(0.3) + rng.uniform(size=heads).astype(np.float32)
+    return jnp.asarray(phi), jnp.asarray(psi), jnp.asarray(beta)
 
 
 @pytest.mark.parametrize("case", [pytest.param(name, marks=pytest.mark.slow)
@@ -187,8 +192,7 @@ def test_fox_half_precision_log_forget(dtype):
     seed = case_seed(400)
     batch, length, heads = 1, 128, 2
     q, k, v, dout = _qkv(seed, (batch, length, heads, 64), dtype)
-    log_forget = jax.nn.log_sigmoid(jax.random.normal(jax.random.PRNGKey(seed + 1),
-                                                      (batch, length, heads)) + 2.0)
+    log_forget = _log_forget(seed + 1, (batch, length, heads), 2.0)
     scale = 64 ** -0.5
 
     def grads(q, k, v, dout, run):
@@ -297,10 +301,11 @@ def test_fpa_separable_and_row_referenced_shares_match_the_oracle(forced, monkey
 
     monkeypatch.setattr(kernels, "_share_path", forced_path)
     seed = case_seed(700 + forced)
-    keys = jax.random.split(jax.random.PRNGKey(seed), 2)
-    walk = jnp.cumsum(0.4 * jax.random.normal(keys[0], (1, 200, 1)) - 0.05, axis=1)
-    psi = walk + jax.random.normal(keys[1], walk.shape)
-    _assert_fpa_close(*_fpa_case(seed, 200, walk, psi))
+    rng = np.random.default_rng(seed)
+    walk = np.cumsum(np.float32(0.4) * rng.standard_normal((1, 200, 1), np.float32)
+                     - np.float32(0.05), axis=1)
+    psi = walk + rng.standard_normal(walk.shape, np.float32)
+    _assert_fpa_close(*_fpa_case(seed, 200, jnp.asarray(walk), jnp.asarray(psi)))
 
 
 @pytest.mark.slow
@@ -309,14 +314,14 @@ def test_fpa_tile_paths_chosen_per_tile_match_the_oracle():
     (separable) and a cliff of 300 nats inside the row (spread too wide: row-referenced) in one
     row."""
     seed = case_seed(710)
-    keys = jax.random.split(jax.random.PRNGKey(seed), 2)
-    steps = jnp.concatenate([jnp.zeros((1, 70, 1)),
-                             0.3 * jax.random.normal(keys[0], (1, 80, 1)),
-                             jnp.full((1, 1, 1), -300.0),
-                             0.3 * jax.random.normal(keys[1], (1, 49, 1))], axis=1)
-    phi = jnp.cumsum(steps, axis=1)
-    psi = phi + jnp.where(jnp.arange(200)[None, :, None] < 70, 0.0, 0.5)
-    _assert_fpa_close(*_fpa_case(seed, 200, phi, psi))
+    rng = np.random.default_rng(seed)
+    steps = np.concatenate([np.zeros((1, 70, 1), np.float32),
+                            np.float32(0.3) * rng.standard_normal((1, 80, 1), np.float32),
+                            np.full((1, 1, 1), -300.0, np.float32),
+                            np.float32(0.3) * rng.standard_normal((1, 49, 1), np.float32)], axis=1)
+    phi = np.cumsum(steps, axis=1)
+    psi = phi + np.where(np.arange(200)[None, :, None] < 70, 0.0, 0.5).astype(np.float32)
+    _assert_fpa_close(*_fpa_case(seed, 200, jnp.asarray(phi), jnp.asarray(psi)))
 
 
 @pytest.mark.slow
@@ -328,15 +333,17 @@ def test_fpa_query_minimum_tiles_match_the_oracle():
     inside the first key block below every later field value: those keys' range minimum is
     their own side, so their tiles must not take path 3."""
     seed = case_seed(715)
-    keys = jax.random.split(jax.random.PRNGKey(seed), 2)
-    log_f = -jax.random.uniform(keys[0], (1, 200, 1), minval=0.01, maxval=0.3)
-    phi = jnp.cumsum(log_f, axis=1)
-    _assert_fpa_close(*_fpa_case(seed, 200, phi, phi))
-    rise = jnp.where(jnp.arange(200)[None, :, None] == 130, 4.0, 0.0)
-    phi = jnp.cumsum(log_f + rise, axis=1)
-    _assert_fpa_close(*_fpa_case(seed, 200, phi, phi + 0.1 * jax.random.normal(keys[1], phi.shape)))
-    dip = jnp.where(jnp.arange(200)[None, :, None] == 60, -10.0, 0.0)
-    _assert_fpa_close(*_fpa_case(seed, 200, dip, jnp.full_like(dip, 5.0)))
+    rng = np.random.default_rng(seed)
+    log_f = -rng.uniform(0.01, 0.3, (1, 200, 1)).astype(np.float32)
+    phi = np.cumsum(log_f, axis=1)
+    _assert_fpa_close(*_fpa_case(seed, 200, jnp.asarray(phi), jnp.asarray(phi)))
+    rise = np.where(np.arange(200)[None, :, None] == 130, 4.0, 0.0).astype(np.float32)
+    phi = np.cumsum(log_f + rise, axis=1)
+    psi = phi + np.float32(0.1) * rng.standard_normal(phi.shape, np.float32)
+    _assert_fpa_close(*_fpa_case(seed, 200, jnp.asarray(phi), jnp.asarray(psi)))
+    dip = np.where(np.arange(200)[None, :, None] == 60, -10.0, 0.0).astype(np.float32)
+    _assert_fpa_close(*_fpa_case(seed, 200, jnp.asarray(dip),
+                                    jnp.asarray(np.full(dip.shape, 5.0, np.float32))))
 
 
 def test_fpa_flat_fields_take_no_field_work():

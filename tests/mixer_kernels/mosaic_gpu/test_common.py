@@ -1,4 +1,4 @@
-"""KERNEL_BARRIERS (mixer_kernels/mosaic_gpu/common.py): with "explicit", the kernels that order
+"""mixer_kernels/mosaic_gpu/common.py KERNEL_BARRIERS: with "explicit", the kernels that order
 their shared-memory accesses themselves lower for Hopper without Pallas' automatic barriers
 (fewer warpgroup barriers), the others as before; a wrong value is refused."""
 
