@@ -34,6 +34,7 @@ import collections
 import contextlib
 import itertools
 import os
+import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -84,6 +85,18 @@ def captured_kernels():
         yield kernels
     finally:
         lowering.lower_jaxpr_to_module = lower
+
+
+def warpgroup_barriers(module) -> int:
+    """The warpgroup barriers (`bar.sync`) in a lowered kernel module, every branch counted."""
+    return str(module).count("bar.sync")
+
+
+def shared_memory_bytes(module) -> int:
+    """The dynamic shared memory a lowered kernel module launches each program with."""
+    text = str(module)
+    size = re.search(r"gpu.launch async[^\n]*dynamic_shared_memory_size (%\w+)", text).group(1)
+    return int(re.search(re.escape(size) + r" = arith.constant (\d+)", text).group(1))
 
 
 def weight(op, shuffles=False):

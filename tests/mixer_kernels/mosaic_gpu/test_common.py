@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from benchmarks.kernel_op_count import captured_kernels
+from benchmarks.kernel_op_count import captured_kernels, warpgroup_barriers
 from gdn_jax.ops.short_conv import short_conv_pallas
 from mixer_kernels.mosaic_gpu import common
 from mixer_kernels.mosaic_gpu.gated_delta import vjp
@@ -34,7 +34,7 @@ def _barriers(length):
 
     with captured_kernels() as kernels:
         jax.jit(grads).trace(q, q, q, g, g, x, taps).lower(lowering_platforms=("cuda",))
-    return {name.removesuffix("_mosaic_gpu"): str(module).count("bar.sync")
+    return {name.removesuffix("_mosaic_gpu"): warpgroup_barriers(module)
             for name, module in kernels}
 
 

@@ -13,6 +13,8 @@ import numpy as np
 from jax.experimental.pallas import mosaic_gpu as plgpu
 import pytest
 
+from benchmarks.kernel_op_count import (captured_kernels, shared_memory_bytes,
+                                        warpgroup_barriers)
 from gdn_jax.ops.short_conv import REGISTRY, short_conv
 from mixer_core import interpret
 from mixer_core.registry import UnsupportedImplementationError
@@ -157,7 +159,6 @@ def _lowered_backward(length, monkeypatch=None, params=None):
     """(warpgroup barriers, shared-memory bytes, uses ex2.approx) of the backward kernel of
     (2, length, 768) x with 12 normalised heads, lowered for Hopper (with `params` in place of
     the kernel's own options when given)."""
-    from benchmarks.kernel_op_count import captured_kernels
     from mixer_kernels.mosaic_gpu.short_conv import backward_kernel
     if params is not None:
         monkeypatch.setattr(backward_kernel, "backward_params", lambda: params)
@@ -169,10 +170,9 @@ def _lowered_backward(length, monkeypatch=None, params=None):
             argnums=(0, 1))(x, kernel)
     with captured_kernels() as kernels:
         jax.jit(grads).trace(x, kernel).lower(lowering_platforms=("cuda",))
-    (text,) = [str(module) for name, module in kernels if "backward" in name]
-    size = re.search(r"gpu.launch async[^\n]*dynamic_shared_memory_size (%\w+)", text).group(1)
-    smem = int(re.search(re.escape(size) + r" = arith.constant (\d+)", text).group(1))
-    return text.count("bar.sync"), smem, "ex2.approx" in text
+    (module,) = [module for name, module in kernels if "backward" in name]
+    return (warpgroup_barriers(module), shared_memory_bytes(module),
+            "ex2.approx" in str(module))
 
 
 def test_backward_kernel_sums_across_warps_in_one_round_at_three_programs_per_sm(monkeypatch):
