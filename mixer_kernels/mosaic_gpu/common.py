@@ -11,6 +11,8 @@ short convolution).
                               CompilerParams option)
     KERNEL_BARRIERS, compiler_params(**options)   whether the kernels that order every
                               shared-memory access themselves drop Pallas' automatic barriers
+    reads_done()                  under "explicit", the warpgroup barrier between a tile's last
+                              wgmma read and the threads' next store to it
 """
 
 import jax
@@ -33,13 +35,13 @@ REDUCTION_SCRATCH_BYTES = 8192
 # threads write only tiles that `commit_smem` (a fence and a warpgroup barrier) hands to a
 # wgmma or a TMA copy, rewrite a tile only after `wait_smem_to_gmem` (a wait and a barrier) or
 # in the layout they read it in (each element by the same thread), and refill a streamed slot
-# only after a barrier that follows the last wgmma reading it. "explicit" compiles those
-# kernels without the automatic barriers (`unsafe_no_auto_barriers`): the forward and
-# backward state recurrences, the state gradients, the chunk outputs' forward and the short
-# convolutions (lowered for Hopper: 22 -> 6, 24 -> 6, 22 -> 4, 13 -> 3, 13 -> 2 and 30 -> 10
-# barriers a program). The GPU interpreter cannot check a barrier; "automatic" stays the
-# default until the compiled kernels are checked and timed on the GPU. Read when a kernel is
-# traced (a compiled function keeps its choice).
+# only after a barrier that follows the last wgmma reading it (`reads_done`). "explicit"
+# compiles those kernels without the automatic barriers (`unsafe_no_auto_barriers`): the
+# forward and backward state recurrences, the state gradients, the chunk outputs and their
+# backward, the WY preparation and its backward, and the short convolutions. The GPU
+# interpreter cannot check a barrier; "automatic" stays the default until the compiled
+# kernels are checked and timed on the GPU. Read when a kernel is traced (a compiled function
+# keeps its choice).
 KERNEL_BARRIERS = "automatic"
 
 
@@ -51,6 +53,16 @@ def compiler_params(**options):
                          f"{KERNEL_BARRIERS!r}")
     return plgpu.CompilerParams(unsafe_no_auto_barriers=KERNEL_BARRIERS == "explicit",
                                 **options)
+
+
+def reads_done():
+    """Under "explicit" barriers, a warpgroup barrier (with `commit_smem`'s fence) between the
+    last wgmma that reads a shared-memory tile and the threads' next store to it: each warp
+    waits only for its own part of a wgmma, so without it one warp could overwrite a tile
+    another warp's part is still reading. Under "automatic" Pallas puts a barrier before the
+    store already, and this adds nothing."""
+    if KERNEL_BARRIERS == "explicit":
+        plgpu.commit_smem()
 
 
 def swizzled_smem(shape, dtype, swizzle=128):

@@ -12,8 +12,9 @@ from mixer_kernels.mosaic_gpu import common
 from mixer_kernels.mosaic_gpu.gated_delta import vjp
 
 ORDERED = {"delta_rule_forward_states", "delta_rule_backward_states",
-           "delta_rule_state_gradients", "delta_rule_chunk_outputs", "short_conv_forward",
-           "short_conv_backward"}
+           "delta_rule_state_gradients", "delta_rule_chunk_outputs",
+           "delta_rule_chunk_outputs_backward", "delta_rule_wy_prepare", "delta_rule_wy_backward",
+           "short_conv_forward", "short_conv_backward"}
 
 
 def _barriers(length):
