@@ -63,7 +63,9 @@ SCRIPT = textwrap.dedent("""
     segments[2, rng.integers(1, 32):] = 2
     batch = {"tokens": tokens, "segment_ids": segments}
 
-    def run(config, mesh, trace=True):
+    def run(config, mesh, initial=None):
+        # (grads, [loss, loss after the SGD step], the loss's jaxpr text, the params on the
+        # host): from `initial` (host params) if given, else from the session's own init
         session = build_session(config, 257, mesh)
         model, shardings = session.model, session.state_shardings["params"]
 
@@ -72,22 +74,23 @@ SCRIPT = textwrap.dedent("""
             return masked_mean(terms["losses"] + terms["aux"], terms["mask"])
 
         with mesh_context(session.mesh):
-            state = session.init_state()
+            if initial is None:
+                initial = jax.device_get(session.init_state()["params"])
+            params = jax.device_put(initial, shardings)
             global_batch = to_global(session, batch)
             # the loss's own trace shows the path the model takes (no second trace of the step)
             traced = jax.jit(jax.value_and_grad(loss), in_shardings=(
                 shardings, {name: session.batch_sharding for name in batch})).trace(
-                state["params"], global_batch)
-            text = str(traced.jaxpr) if trace else ""
+                params, global_batch)
+            text = str(traced.jaxpr)
             value_and_grad = traced.lower().compile()
-            first, grads = value_and_grad(state["params"], global_batch)
+            first, grads = value_and_grad(params, global_batch)
             grads = jax.device_get(grads)
             # the update on the host (op by op on the devices, each leaf's shape compiles twice)
-            stepped = jax.device_put(jax.tree.map(lambda p, g: p - LR * g,
-                                                  jax.device_get(state["params"]), grads),
+            stepped = jax.device_put(jax.tree.map(lambda p, g: p - LR * g, initial, grads),
                                      shardings)
             second, _ = value_and_grad(stepped, global_batch)
-        return grads, [float(first), float(second)], text
+        return grads, [float(first), float(second)], text, initial
 
     out = {}
     # GDN (state passing), then FPA with query levels: a bias-free layer (the softmax ring) and
@@ -95,9 +98,12 @@ SCRIPT = textwrap.dedent("""
     variant = ["attention.query_level=true", "attention.no_bias_layers=[1]"]
     for name, kind, pattern, extra in [("fpa_gdn", "fpa", "GAA", variant),
                                        ("fox", "fox", "A", ("attention.block_size=8",))]:
-        want_grads, want_losses, _ = run(config(kind, pattern, 1, extra),   # its program: unread
-                                         make_mesh((1, 1, 1), jax.devices()[:1]), trace=False)
-        grads, losses, text = run(config(kind, pattern, 4, extra), make_mesh((1, 2, 1, 4)))
+        want_grads, want_losses, _, initial = run(config(kind, pattern, 1, extra),
+                                                  make_mesh((1, 1, 1), jax.devices()[:1]))
+        # the same parameters, placed on the context mesh (one init program, not two: the
+        # host init is the same for every mesh, tests/train/core/test_sharding.py)
+        grads, losses, text, _ = run(config(kind, pattern, 4, extra), make_mesh((1, 2, 1, 4)),
+                                     initial)
         errors = jax.tree.map(
             lambda a, b: float(np.max(np.abs(a - b)) / (1e-12 + np.max(np.abs(b)))),
             grads, want_grads)
