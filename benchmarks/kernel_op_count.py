@@ -43,7 +43,7 @@ import jax  # noqa: E402
 from jax._src.lib.mlir import ir, passmanager  # noqa: E402
 from jax._src.pallas.mosaic_gpu import lowering  # noqa: E402
 
-from benchmarks import hlo_op_count  # noqa: E402
+from benchmarks import fpa_backward_options, hlo_op_count  # noqa: E402
 
 PAIRS_PER_THREAD = 64 * 64 // 128   # one warpgroup holds a 64 x 64 float32 tile
 FLOAT_OPS = frozenset({"arith.addf", "arith.subf", "arith.mulf", "arith.divf", "arith.negf",
@@ -213,9 +213,11 @@ def main():
     parser.add_argument("--dim", type=int, default=64)
     parser.add_argument("--segments", action="store_true", help="with document ids")
     parser.add_argument("--detail", action="store_true", help="instructions by kind, per pair")
+    fpa_backward_options.add(parser)
     parser.add_argument("--shuffles", action="store_true",
                         help="also count the warp shuffles of the sums over a tile's rows")
     args = parser.parse_args()
+    fpa_backward_options.apply(args)
     with captured_kernels() as kernels:
         print_table(kernels, args)
 

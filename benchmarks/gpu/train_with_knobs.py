@@ -9,6 +9,7 @@ environment, for the GPU scripts beside this file (unset or empty: the library's
     CONV          "xla"                     the short convolutions without their kernel backward
     FIELDS        "by_level" | "kernels" | "all_levels"   .../attention/fields.py FIELD_PASSES
     BARRIERS      "automatic" | "explicit"  mixer_kernels/mosaic_gpu/common.py KERNEL_BARRIERS
+    DKV_QUERY_MIN "on" | "off"              .../attention/backward.py DKV_QUERY_MIN_PATH
 
     python3 benchmarks/gpu/train_with_knobs.py bench gdn_125m --context 2048 --batch-size 8
 """
@@ -18,7 +19,7 @@ import sys
 
 from gdn_jax.ops import short_conv
 from mixer_kernels.mosaic_gpu import common
-from mixer_kernels.mosaic_gpu.attention import fields
+from mixer_kernels.mosaic_gpu.attention import backward, fields
 from mixer_kernels.mosaic_gpu.gated_delta import vjp
 from train.cli.entry import main
 
@@ -31,6 +32,8 @@ if os.environ.get("FIELDS"):
     fields.FIELD_PASSES = os.environ["FIELDS"]
 if os.environ.get("BARRIERS"):
     common.KERNEL_BARRIERS = os.environ["BARRIERS"]
+if os.environ.get("DKV_QUERY_MIN"):
+    backward.DKV_QUERY_MIN_PATH = os.environ["DKV_QUERY_MIN"] == "on"
 if os.environ.get("CONV") == "xla":
     short_conv.REGISTRY = short_conv.REGISTRY.with_default_order(("xla",))
 

@@ -89,6 +89,7 @@ class KernelConfig:
                                     # backward.kernel_config picks it outside the interpreter)
     overlap_dq: bool = False  # dq: issue the scores' and dP's matmuls together and form P
     overlap_dkv: bool = False  # (bias, exp) while dP's is in flight; dk/dv likewise
+    query_min_dkv: bool = False  # dk/dv also takes the query-minimum share path (dq always)
 
     @property
     def skips(self):
@@ -383,7 +384,8 @@ class Tile:
         """u = min(0, R - level) [n, n] of an off-diagonal FPA tile (< 0 where the key is
         dead): two operations per pair, as min(x, a - level) with everything else folded into
         vectors first; one (a subtraction) on a query-minimum tile (query_min, path 3 of
-        `_share_path`, taken by dq with key levels: u = C'_t - psi_s). With A'_s = min(A_s, G), C'_t = min(C_t, G):
+        `_share_path`, taken by dq with key levels, and by dk/dv with cfg.query_min_dkv:
+        u = C'_t - psi_s). With A'_s = min(A_s, G), C'_t = min(C_t, G):
 
             key level psi_s:    u = min(min(key_gap_s, G - psi_s), C_t - psi_s)     (dk/dv)
                                 u = min(key_gap_s, C'_t - psi_s)                     (dq)
@@ -409,7 +411,7 @@ class Tile:
             key_min = jnp.minimum(self.cols.vec("suf_min"), gap_min)
             return jnp.minimum(over_queries(folded), over_keys(key_min) - over_queries(level))
         level = self.cols.vec("psi")
-        if queries_on_rows:
+        if queries_on_rows or query_min:
             low = jnp.minimum(self.rows.vec("pre_min"), gap_min)
             query_side = over_queries(low) - over_keys(level)
             if query_min:
@@ -841,12 +843,13 @@ def dkv_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
             _advance_stream(fetch, bars, i + 1 < end, i + 1, slot)
             rows = Vectors(rowp_s.at[slot], row_names, axis=1)
 
-            def compute(state, r, path, field_work=True):
+            def compute(state, r, path, field_work=True, query_min=False):
                 dk, dv, col_acc = state
                 tile = Tile(cfg, 1, rows, cols, beta)
                 probs_of = functools.partial(tile.biased_probs, diagonal=diagonal,
                                              field_work=field_work, diag_rows=diag_rows,
-                                             diag_cols=diag_cols, gap_min=gap_min)
+                                             diag_cols=diag_cols, gap_min=gap_min,
+                                             query_min=query_min)
 
                 p, extra, dp, dv = _probs_and_dp(
                     cfg, cfg.overlap_dkv, probs_of, (k_s, q_s.at[slot].transpose((1, 0))),
@@ -857,7 +860,7 @@ def dkv_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
                 field = None
                 if fpa and field_work:
                     field = (diagonal, path, r, (gap_min, gap_mass),
-                             functools.partial(_add_gap_total, gap_s, i, n), False)
+                             functools.partial(_add_gap_total, gap_s, i, n), query_min)
 
                 def col_sums(col_acc):  # during dk's matmul
                     return _tile_sums(cfg, tile, p, ds, extra, field, col_acc, None)[0]
@@ -869,7 +872,7 @@ def dkv_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
                 return dk, dv, col_acc
 
             return _sweep_tile(cfg, compute, state, rows, cols, rows, (gap_min, gap_mass), beta,
-                               diagonal)
+                               diagonal, query_min_path=cfg.query_min_dkv)
 
         zeros_tile = zeros((n, head_dim), plgpu.Layout.WGMMA)
         col_acc = tuple(zeros((n,), plgpu.Layout.WGMMA.reduce(1)) for _ in out_names)
@@ -970,8 +973,8 @@ def dq_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
                     row_acc = row_sums(row_acc)
                 return dq, row_acc
 
-            # the query-minimum path in dq only: in dk/dv it cost the plain tiles 15%
-            # (docs/benchmarks.md, "The query-minimum path")
+            # the query-minimum path in dq always; in dk/dv only with cfg.query_min_dkv
+            # (backward.DKV_QUERY_MIN_PATH)
             return _sweep_tile(cfg, compute, state, rows, cols, cols, (gap_min, gap_mass), beta,
                                diagonal, query_min_path=True)
 
