@@ -35,7 +35,7 @@ from mixer_kernels.mosaic_gpu.short_conv.common import BLOCK, PAD, backward_para
 from mixer_kernels.mosaic_gpu.short_conv.shifted_rows import copy_taps_and_ids, pre_activation
 
 
-def _d_total(total, grad, *, normalize: bool, eps: float):
+def d_total(total, grad, *, normalize: bool, eps: float):
     """d total [n, D] float32 from total and dy (float32) on the same rows."""
     shape = total.shape
     gate = jax.nn.sigmoid(total)
@@ -68,13 +68,13 @@ def conv_backward(x, dy, idsp, taps, *, normalize: bool, eps: float):
     def kernel(x_ref, dy_ref, ids_ref, taps_ref, dtotal_ref, dw_ref,
                x_s, dy_s, ids_s, taps_s, dtotal_s, dw_s, loaded):
         h, i, b = lax.axis_index("h"), lax.axis_index("t"), lax.axis_index("b")
-        copy_taps_and_ids(x_ref, ids_ref, x_s, ids_s, loaded.at[0], b=b, i=i, h=h)
+        copy_taps_and_ids(x_ref, ids_ref, x_s, ids_s, loaded.at[0], b=b, start=i * n, h=h)
         plgpu.copy_gmem_to_smem(dy_ref.at[b, pl.ds(i * n, n), h], dy_s, loaded.at[0])
         plgpu.copy_gmem_to_smem(taps_ref.at[:, h], taps_s, loaded.at[0])
         plgpu.barrier_wait(loaded.at[0])
 
         total, shifted = pre_activation(x_s, ids_s, taps_s)
-        dtotal = _d_total(total, dy_s[...].astype(jnp.float32), normalize=normalize, eps=eps)
+        dtotal = d_total(total, dy_s[...].astype(jnp.float32), normalize=normalize, eps=eps)
         dtotal_s[...] = dtotal
         for s in range(width):
             dw_s.at[width - 1 - s][...] = jnp.sum(shifted(s) * dtotal, axis=0)

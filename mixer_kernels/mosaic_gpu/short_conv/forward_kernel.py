@@ -34,7 +34,7 @@ def conv_forward(x, idsp, taps, *, normalize: bool, eps: float, dtype):
 
     def kernel(x_ref, ids_ref, taps_ref, y_ref, x_s, ids_s, taps_s, y_s, loaded):
         h, i, b = lax.axis_index("h"), lax.axis_index("t"), lax.axis_index("b")
-        copy_taps_and_ids(x_ref, ids_ref, x_s, ids_s, loaded.at[0], b=b, i=i, h=h)
+        copy_taps_and_ids(x_ref, ids_ref, x_s, ids_s, loaded.at[0], b=b, start=i * n, h=h)
         plgpu.copy_gmem_to_smem(taps_ref.at[:, h], taps_s, loaded.at[0])
         plgpu.barrier_wait(loaded.at[0])
 

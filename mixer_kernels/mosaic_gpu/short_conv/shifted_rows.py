@@ -7,7 +7,7 @@ of a block of rows.
 
 A register tile of the rows shifted by s comes from its own TMA copy starting at the shifted
 row in global memory (a register load of a shared-memory view starting off a multiple of 8
-rows reads wrong rows on the H200). In the first block the copy of tap s > 0 starts at row 0
+rows reads wrong rows on the H200). For the rows from 0 the copy of tap s > 0 starts at row 0
 and lands s rows into its tile; the s rows above it are never written and always masked (their
 ids are the front padding's -1, and rows past T carry -2). The document ids come as one
 aligned copy per program, [PAD + n] float32 from ids padded in front by PAD rows, read as
@@ -37,25 +37,32 @@ def tile(ref):
     return plgpu.load(ref, layout=plgpu.Layout.WGMMA).astype(jnp.float32)
 
 
-def copy_taps_and_ids(x_ref, ids_ref, x_s, ids_s, loaded, *, b, i, h):
-    """Starts the copies of block i's rows shifted by every tap into x_s [W, n, D] (untiled)
-    and of its ids into ids_s [PAD + n]; W + 1 arrivals on `loaded`. x_ref [B, Tr, H, D],
-    ids_ref [B, PAD + Tr] (ids padded in front with -1)."""
+def copy_taps_and_ids(x_ref, ids_ref, x_s, ids_s, loaded, *, b, start, h):
+    """Starts the copies of the n rows from row `start` shifted by every tap into x_s [W, n, D]
+    (untiled) and of their ids into ids_s [PAD + n]; W + 1 arrivals on `loaded`. x_ref
+    [B, Tr, H, D], ids_ref [B, PAD + Tr] (ids padded in front with -1); start + n <= Tr."""
     width, n, dim = x_s.shape
-    if dim * x_s.dtype.itemsize % 128:   # the first block's copies land s rows into the tile
+    if dim * x_s.dtype.itemsize % 128:   # the first rows' copies land s rows into the tile
         raise ValueError(f"short_conv kernels: a row of x must be a multiple of 128 bytes (the "
                          f"copy engine's alignment), got {dim} x {x_s.dtype}")
-    plgpu.copy_gmem_to_smem(x_ref.at[b, pl.ds(i * n, n), h], x_s.at[0], loaded)
+    plgpu.copy_gmem_to_smem(x_ref.at[b, pl.ds(start, n), h], x_s.at[0], loaded)
     for s in range(1, width):
-        @pl.when(i == 0)
-        def _first_block(s=s):
+        @pl.when(start == 0)
+        def _first_rows(s=s):
             plgpu.copy_gmem_to_smem(x_ref.at[b, pl.ds(0, n - s), h], x_s.at[s, pl.ds(s, n - s)],
                                     loaded)
 
-        @pl.when(i > 0)
-        def _later_block(s=s):
-            plgpu.copy_gmem_to_smem(x_ref.at[b, pl.ds(i * n - s, n), h], x_s.at[s], loaded)
-    plgpu.copy_gmem_to_smem(ids_ref.at[b, pl.ds(i * n, PAD + n)], ids_s, loaded)
+        @pl.when(start > 0)
+        def _later_rows(s=s):
+            plgpu.copy_gmem_to_smem(x_ref.at[b, pl.ds(start - s, n), h], x_s.at[s], loaded)
+    plgpu.copy_gmem_to_smem(ids_ref.at[b, pl.ds(start, PAD + n)], ids_s, loaded)
+
+
+def same_document(ids_s, s, shape):
+    """m_s(t) = [doc(t - s) == doc(t)] [n, D] (bool, one value per row) for the tile's rows t,
+    from the ids ids_s [PAD + n] of `copy_taps_and_ids`."""
+    n = shape[0]
+    return rows(ids_s.at[pl.ds(PAD - s, n)], shape) == rows(ids_s.at[pl.ds(PAD, n)], shape)
 
 
 def pre_activation(x_s, ids_s, taps_s):
@@ -63,11 +70,9 @@ def pre_activation(x_s, ids_s, taps_s):
     the tiles of `copy_taps_and_ids` and the taps taps_s [W, D] float32."""
     width, n, dim = x_s.shape
     shape = (n, dim)
-    own_doc = rows(ids_s.at[pl.ds(PAD, n)], shape)
 
     def shifted(s):
-        same = rows(ids_s.at[pl.ds(PAD - s, n)], shape) == own_doc
-        return jnp.where(same, tile(x_s.at[s]), 0.0)
+        return jnp.where(same_document(ids_s, s, shape), tile(x_s.at[s]), 0.0)
 
     total = shifted(0) * columns(taps_s.at[width - 1], shape)
     for s in range(1, width):

@@ -1,0 +1,109 @@
+"""The short convolution's backward with dx formed in the kernel (short_conv/backward.py
+DX_IN_KERNEL, backward_dx_kernel.py): its tiles own every row once and hold the rows each
+owned row's dx reads; in GPU interpret mode it matches "xla" on the cases of test_backward.py
+plus every tap count the kernels take, a clipped last tile, documents and bf16; it lowers for
+Hopper with its shift matrix in registers, at three programs per SM at D = 64."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from benchmarks.kernel_op_count import captured_kernels, shared_memory_bytes
+from gdn_jax.ops.short_conv import short_conv, short_conv_pallas
+from mixer_core import interpret
+from mixer_kernels.mosaic_gpu.short_conv import backward
+from mixer_kernels.mosaic_gpu.short_conv.backward_dx_kernel import STEP, tiles_and_ends
+from mixer_kernels.mosaic_gpu.short_conv.common import BLOCK, PAD
+from tests.seeds import case_seed
+
+
+@pytest.mark.parametrize("length", [1, 8, 55, 56, 57, 63, 64, 65, 111, 112, 113, 2047, 2048])
+def test_tiles_own_every_row_once_and_hold_what_dx_reads(length):
+    rows = -(-length // BLOCK) * BLOCK
+    tiles, ends = tiles_and_ends(length, rows)
+    owner = np.zeros(rows, int)
+    for k in range(tiles):
+        offset, count = ends.get(k, (0, STEP))
+        start = STEP * k - offset                  # the tile's first row
+        assert 0 <= start and start + BLOCK <= rows
+        assert offset % 8 == 0 and count % 8 == 0 and offset + count <= BLOCK
+        owned = np.arange(STEP * k, STEP * k + count)
+        owner[owned] += 1
+        # each owned row's dx reads d total up to PAD rows later: inside the tile or past T
+        assert min(owned[-1] + PAD, length - 1) < start + BLOCK
+    assert np.all(owner[:length] == 1) and np.all(owner <= 1)
+    assert len(ends) <= 1
+
+
+@functools.partial(jax.jit, static_argnums=(0, 4))
+def _loss_and_grads(implementation, x, kernel, segment_ids, normalize_heads, cotangent):
+    """y and (dx, d kernel) of sum(y * cotangent), one program (traced afresh per test: the
+    switch is read when the backward is traced)."""
+    def loss(x, kernel):
+        y = short_conv(x, kernel, segment_ids, dtype=x.dtype, normalize_heads=normalize_heads,
+                       implementation=implementation)
+        return jnp.sum(y.astype(jnp.float32).reshape(cotangent.shape) * cotangent), y
+    (_, y), grads = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(x, kernel)
+    return y, grads
+
+
+CASES = {   # case: (length, channels, taps, normalize_heads, documents, dtype)
+    "ragged_documents_heads": (70, 128, 4, 2, True, jnp.float32),
+    "one_block_clipped_end": (64, 128, 4, None, False, jnp.float32),
+    "t1": (1, 128, 4, 2, False, jnp.float32),
+    "shorter_than_the_taps": (3, 64, 4, None, True, jnp.float32),
+    "nine_taps_documents": (130, 128, PAD + 1, None, True, jnp.float32),
+    "two_taps": (120, 128, 2, 2, True, jnp.float32),
+    "bf16_several_tiles": (200, 128, 4, 2, True, jnp.bfloat16),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_kernel_matches_xla(case, monkeypatch):
+    length, channels, taps, normalize_heads, documents, dtype = CASES[case]
+    rng = np.random.default_rng(case_seed(1700 + sorted(CASES).index(case)))
+    x = jnp.asarray(rng.standard_normal((2, length, channels)), dtype)
+    kernel = jnp.asarray(rng.uniform(-0.5, 0.5, (taps, channels)), jnp.float32)
+    segment_ids = None
+    if documents:
+        segment_ids = jnp.asarray(np.cumsum(rng.random((2, length)) < 0.08, axis=1), jnp.int32)
+    cotangent = jnp.asarray(rng.standard_normal((2, length, channels)), jnp.float32)
+    args = (x, kernel, segment_ids, normalize_heads, cotangent)
+    _, (dx_xla, dk_xla) = _loss_and_grads("xla", *args)
+    monkeypatch.setattr(backward, "DX_IN_KERNEL", True)
+    _loss_and_grads.clear_cache()
+    with interpret.gpu_interpret():
+        _, (dx, dk) = _loss_and_grads("pallas", *args)
+    _loss_and_grads.clear_cache()
+    assert not interpret.races_found()
+    f32 = lambda a: np.asarray(a).astype(np.float32)
+    error = lambda a, b: float(np.max(np.abs(f32(a) - f32(b))))
+    scale = lambda a: float(np.max(np.abs(f32(a)))) + 1e-6
+    assert dx.shape == x.shape and dx.dtype == x.dtype
+    if dtype == jnp.float32:      # the shift's two bf16 halves keep B_s to 2^-18 of itself
+        assert error(dx, dx_xla) <= 2e-5 * scale(dx_xla)
+        assert error(dk, dk_xla) <= 2e-5 * scale(dk_xla)
+    else:                         # against float32 on the same rounded x, as test_backward.py
+        _, (dx_f32, dk_f32) = _loss_and_grads("xla", x.astype(jnp.float32), *args[1:])
+        assert error(dx, dx_f32) <= 1e-2 * scale(dx_f32)
+        assert error(dx, dx_f32) <= 1.5 * error(dx_xla, dx_f32) + 1e-6 * scale(dx_f32)
+        assert error(dk, dk_f32) <= 1.5 * error(dk_xla, dk_f32) + 1e-6 * scale(dk_f32)
+
+
+def test_kernel_lowers_for_hopper_at_three_programs_per_sm(monkeypatch):
+    monkeypatch.setattr(backward, "DX_IN_KERNEL", True)
+    x, kernel = jnp.zeros((2, 130, 768), jnp.bfloat16), jnp.zeros((4, 768), jnp.float32)
+
+    def grads(x, kernel):
+        return jax.grad(lambda x, kernel: jnp.sum(short_conv_pallas(
+            x, kernel, None, dtype=x.dtype, normalize_heads=12).astype(jnp.float32)),
+            argnums=(0, 1))(x, kernel)
+
+    with captured_kernels() as kernels:
+        jax.jit(grads).trace(x, kernel).lower(lowering_platforms=("cuda",))
+    (module,) = [module for name, module in kernels if "backward" in name]
+    assert "short_conv_backward_dx" in str(module)
+    assert 3 * (shared_memory_bytes(module) + 1024) <= 228 * 1024
