@@ -156,7 +156,7 @@ def test_kernel_lowers_for_hopper(normalize_heads, channels, length):
 
 
 def _lowered_backward(length, monkeypatch=None, params=None):
-    """(warpgroup barriers, shared-memory bytes, uses ex2.approx) of the backward kernel of
+    """(warpgroup barriers, shared-memory bytes, uses ex2.approx, name) of the backward kernel of
     (2, length, 768) x with 12 normalised heads, lowered for Hopper (with `params` in place of
     the kernel's own options when given)."""
     from mixer_kernels.mosaic_gpu.short_conv import backward_kernel
@@ -170,9 +170,9 @@ def _lowered_backward(length, monkeypatch=None, params=None):
             argnums=(0, 1))(x, kernel)
     with captured_kernels() as kernels:
         jax.jit(grads).trace(x, kernel).lower(lowering_platforms=("cuda",))
-    (module,) = [module for name, module in kernels if "backward" in name]
+    ((name, module),) = [(name, module) for name, module in kernels if "backward" in name]
     return (warpgroup_barriers(module), shared_memory_bytes(module),
-            "ex2.approx" in str(module))
+            "ex2.approx" in str(module), name)
 
 
 def test_backward_kernel_sums_across_warps_in_one_round_at_three_programs_per_sm(monkeypatch):
@@ -180,8 +180,8 @@ def test_backward_kernel_sums_across_warps_in_one_round_at_three_programs_per_sm
     of reduction scratch each sum takes one round (two warpgroup barriers), fewer barriers
     than with Mosaic's default 2 KiB; the program still fits three to an SM (228 KiB, 1 KiB
     each reserved), and its exp is the hardware's ex2."""
-    barriers, smem, approx = _lowered_backward(128)
-    default_barriers, default_smem, _ = _lowered_backward(
+    barriers, smem, approx, _ = _lowered_backward(128)
+    default_barriers, default_smem, _, _ = _lowered_backward(
         192, monkeypatch, plgpu.CompilerParams(approx_math=True))
     assert barriers <= default_barriers - 4 * 6     # four sums, three rounds fewer each
     assert smem == default_smem + 6 * 1024

@@ -1,22 +1,19 @@
 """The short convolution's backward with dx formed in the kernel (short_conv/backward.py
 DX_IN_KERNEL, backward_dx_kernel.py): its tiles own every row once and hold the rows each
-owned row's dx reads; in GPU interpret mode it matches "xla" on the cases of test_backward.py
-plus every tap count the kernels take, a clipped last tile, documents and bf16; it lowers for
+owned row's dx reads; in GPU interpret mode it matches "xla" at T = 1, T shorter than the
+taps, with a clipped last tile, at 2, 4 and 9 taps, with documents and in bf16; it lowers for
 Hopper with its shift matrix in registers, at three programs per SM at D = 64."""
 
-import functools
-
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from benchmarks.kernel_op_count import captured_kernels, shared_memory_bytes
-from gdn_jax.ops.short_conv import short_conv, short_conv_pallas
 from mixer_core import interpret
 from mixer_kernels.mosaic_gpu.short_conv import backward
 from mixer_kernels.mosaic_gpu.short_conv.backward_dx_kernel import STEP, tiles_and_ends
 from mixer_kernels.mosaic_gpu.short_conv.common import BLOCK, PAD
+from tests.mixer_kernels.mosaic_gpu.short_conv.test_backward import (_loss_and_grads,
+                                                                     _lowered_backward)
 from tests.seeds import case_seed
 
 
@@ -36,18 +33,6 @@ def test_tiles_own_every_row_once_and_hold_what_dx_reads(length):
         assert min(owned[-1] + PAD, length - 1) < start + BLOCK
     assert np.all(owner[:length] == 1) and np.all(owner <= 1)
     assert len(ends) <= 1
-
-
-@functools.partial(jax.jit, static_argnums=(0, 4))
-def _loss_and_grads(implementation, x, kernel, segment_ids, normalize_heads, cotangent):
-    """y and (dx, d kernel) of sum(y * cotangent), one program (traced afresh per test: the
-    switch is read when the backward is traced)."""
-    def loss(x, kernel):
-        y = short_conv(x, kernel, segment_ids, dtype=x.dtype, normalize_heads=normalize_heads,
-                       implementation=implementation)
-        return jnp.sum(y.astype(jnp.float32).reshape(cotangent.shape) * cotangent), y
-    (_, y), grads = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(x, kernel)
-    return y, grads
 
 
 CASES = {   # case: (length, channels, taps, normalize_heads, documents, dtype)
@@ -74,7 +59,7 @@ def test_kernel_matches_xla(case, monkeypatch):
     args = (x, kernel, segment_ids, normalize_heads, cotangent)
     _, (dx_xla, dk_xla) = _loss_and_grads("xla", *args)
     monkeypatch.setattr(backward, "DX_IN_KERNEL", True)
-    _loss_and_grads.clear_cache()
+    _loss_and_grads.clear_cache()   # the switch is read when the backward is traced
     with interpret.gpu_interpret():
         _, (dx, dk) = _loss_and_grads("pallas", *args)
     _loss_and_grads.clear_cache()
@@ -96,15 +81,6 @@ def test_kernel_matches_xla(case, monkeypatch):
 @pytest.mark.parametrize("length", [64, 130])   # with a clipped last tile, without
 def test_kernel_lowers_for_hopper_at_three_programs_per_sm(length, monkeypatch):
     monkeypatch.setattr(backward, "DX_IN_KERNEL", True)
-    x, kernel = jnp.zeros((2, length, 768), jnp.bfloat16), jnp.zeros((4, 768), jnp.float32)
-
-    def grads(x, kernel):
-        return jax.grad(lambda x, kernel: jnp.sum(short_conv_pallas(
-            x, kernel, None, dtype=x.dtype, normalize_heads=12).astype(jnp.float32)),
-            argnums=(0, 1))(x, kernel)
-
-    with captured_kernels() as kernels:
-        jax.jit(grads).trace(x, kernel).lower(lowering_platforms=("cuda",))
-    (module,) = [module for name, module in kernels if "backward" in name]
-    assert "short_conv_backward_dx" in str(module)
-    assert 3 * (shared_memory_bytes(module) + 1024) <= 228 * 1024
+    _, smem, _, name = _lowered_backward(length)
+    assert name.startswith("short_conv_backward_dx")
+    assert 3 * (smem + 1024) <= 228 * 1024
