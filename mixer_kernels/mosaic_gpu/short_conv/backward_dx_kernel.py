@@ -38,7 +38,7 @@ from mixer_kernels.mosaic_gpu.common import matmul_groups, reads_done, swizzled_
 from mixer_kernels.mosaic_gpu.short_conv.backward_kernel import d_total
 from mixer_kernels.mosaic_gpu.short_conv.common import BLOCK, PAD, backward_params
 from mixer_kernels.mosaic_gpu.short_conv.shifted_rows import (columns, copy_taps_and_ids,
-                                                              pre_activation, same_document)
+                                                              document_masks, pre_activation)
 
 STEP = BLOCK - PAD
 
@@ -97,9 +97,10 @@ def conv_backward_dx(x, dy, idsp, taps, *, normalize: bool, eps: float, length: 
 
         u = plgpu.broadcasted_iota(jnp.int32, (n, n), 0, layout=plgpu.Layout.WGMMA)
         v = plgpu.broadcasted_iota(jnp.int32, (n, n), 1, layout=plgpu.Layout.WGMMA)
+        same = document_masks(ids_s, shape)
         later = jnp.zeros(shape, jnp.float32)
         for s in range(1, width):
-            weighted = jnp.where(same_document(ids_s, s, shape),
+            weighted = jnp.where(same(s),
                                  dtotal * columns(taps_s.at[width - 1 - s], shape), 0.0)
             hi = weighted.astype(jnp.bfloat16)
             shift = jnp.where(v == u + s, 1.0, 0.0).astype(jnp.bfloat16)

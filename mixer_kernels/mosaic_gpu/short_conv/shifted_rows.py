@@ -58,11 +58,13 @@ def copy_taps_and_ids(x_ref, ids_ref, x_s, ids_s, loaded, *, b, start, h):
     plgpu.copy_gmem_to_smem(ids_ref.at[b, pl.ds(start, PAD + n)], ids_s, loaded)
 
 
-def same_document(ids_s, s, shape):
-    """m_s(t) = [doc(t - s) == doc(t)] [n, D] (bool, one value per row) for the tile's rows t,
-    from the ids ids_s [PAD + n] of `copy_taps_and_ids`."""
+def document_masks(ids_s, shape):
+    """same(s) = m_s(t) = [doc(t - s) == doc(t)] [n, D] (bool, one value per row) for the
+    tile's rows t, from the ids ids_s [PAD + n] of `copy_taps_and_ids` (the rows' own ids are
+    read once)."""
     n = shape[0]
-    return rows(ids_s.at[pl.ds(PAD - s, n)], shape) == rows(ids_s.at[pl.ds(PAD, n)], shape)
+    own_doc = rows(ids_s.at[pl.ds(PAD, n)], shape)
+    return lambda s: rows(ids_s.at[pl.ds(PAD - s, n)], shape) == own_doc
 
 
 def pre_activation(x_s, ids_s, taps_s):
@@ -70,9 +72,10 @@ def pre_activation(x_s, ids_s, taps_s):
     the tiles of `copy_taps_and_ids` and the taps taps_s [W, D] float32."""
     width, n, dim = x_s.shape
     shape = (n, dim)
+    same = document_masks(ids_s, shape)
 
     def shifted(s):
-        return jnp.where(same_document(ids_s, s, shape), tile(x_s.at[s]), 0.0)
+        return jnp.where(same(s), tile(x_s.at[s]), 0.0)
 
     total = shifted(0) * columns(taps_s.at[width - 1], shape)
     for s in range(1, width):
