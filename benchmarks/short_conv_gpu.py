@@ -4,7 +4,6 @@ Forward+backward time, output and gradient error of "pallas" (forward kernel; ba
 XLA forms dx from its d total) against "xla".
 
     python benchmarks/short_conv_gpu.py [--shape 8,2048,768] [--heads 12] [--repeats 20] [--trace]
-        [--dx-in-kernel on|off]
 
 At (B, T, C) with documents of about 500 tokens, bf16 x and float32 taps (the gdn_125m
 shape), with L2-normalised heads (q and k) and without (v): the median ms of a jitted
@@ -13,8 +12,8 @@ against float32 ("xla" on the same rounded x). Exits 1 when "pallas" is more tha
 from float32 as "xla" (plus 1e-3); for y the floor of "xla"'s error is float32 y rounded to
 x's dtype, since neither can be closer than that. `--trace`: then each one's forward+backward
 under jax.profiler, device ms per kernel (the kernel and every XLA fusion around it),
-costliest first. `--dx-in-kernel`: the backward's pass
-(mixer_kernels/mosaic_gpu/short_conv/backward.py DX_IN_KERNEL; unset: the library's).
+costliest first. The kernels' switches come from the environment through
+benchmarks/gpu/with_knobs.py (CONV_DX, BARRIERS).
 """
 
 import argparse
@@ -72,13 +71,7 @@ def main():
     parser.add_argument("--heads", type=int, default=12)
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--trace", action="store_true", help="device ms per kernel as well")
-    parser.add_argument("--dx-in-kernel", choices=("on", "off"), default=None,
-                        help="whether the backward kernel forms dx itself (short_conv/backward.py "
-                             "DX_IN_KERNEL; unset: the library's)")
     args = parser.parse_args()
-    if args.dx_in_kernel is not None:
-        from mixer_kernels.mosaic_gpu.short_conv import backward
-        backward.DX_IN_KERNEL = args.dx_in_kernel == "on"
     batch, length, channels = (int(v) for v in args.shape.split(","))
     rng = np.random.default_rng(0)
     x = jnp.asarray(rng.standard_normal((batch, length, channels)), jnp.bfloat16)

@@ -19,10 +19,5 @@ for setting in off on; do
       | grep -E "wall median|  [0-9.]+ ms|Used [0-9]+ reg|spill stores,|^ *fpa" \
       | grep -v "^ptxas info    : Compiling"
 done
-for setting in off on; do
-  echo "=== $setting: fpa_125m at 2048 x 8"
-  DKV_QUERY_MIN=$setting timeout ${LIMIT:-150} python3 benchmarks/gpu/train_with_knobs.py bench \
-      fpa_125m --context 2048 --batch-size 8 --steps 8 --out $OUT/bench_fpa_125m_$setting.json \
-      2>&1 | grep -E "ms / step|tokens/s|compile|error"
-done
+bash benchmarks/gpu/bench_knob_ab.sh DKV_QUERY_MIN fpa_125m off on
 } | tee $OUT/dkv_query_min_ab.txt

@@ -8,27 +8,22 @@
 #     bash benchmarks/gpu/kernel_barriers_ab.sh
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
-with() { python3 benchmarks/gpu/with_kernel_barriers.py "$@"; }
+knobs="python3 benchmarks/gpu/with_knobs.py"   # BARRIERS=mode $knobs SCRIPT|-m MODULE ARGS
 {
 for mode in automatic explicit; do
   echo "=== $mode: accuracy"
   for shape in 4,2048,12,64 2,4096,16,128; do
-    timeout 70 with $mode -m benchmarks.gated_delta_gpu_accuracy jax /tmp/a.npz $shape 2>&1 \
+    BARRIERS=$mode timeout 70 $knobs -m benchmarks.gated_delta_gpu_accuracy jax /tmp/a.npz $shape 2>&1 \
         | grep -E "vs f32|rror"
   done
-  timeout 60 with $mode benchmarks/short_conv_gpu.py 2>&1 | grep -E "^\| |rror"
+  BARRIERS=$mode timeout 60 $knobs benchmarks/short_conv_gpu.py 2>&1 | grep -E "^\| |rror"
   echo "short_conv_gpu rc=${PIPESTATUS[0]} (1: past its accuracy bar)"
 done
 for mode in automatic explicit; do
   echo "=== $mode: device ms"
-  timeout 120 with $mode benchmarks/op_trace.py gdn --shape 8,2048,12,64 4,4096,16,128 \
+  BARRIERS=$mode timeout 120 $knobs benchmarks/op_trace.py gdn --shape 8,2048,12,64 4,4096,16,128 \
       --with-output --top 10 --out /tmp 2>&1 | grep -v Warning | tail -28
-  timeout 60 with $mode benchmarks/short_conv_gpu.py --trace 2>&1 | grep -E "device|short_conv_"
+  BARRIERS=$mode timeout 60 $knobs benchmarks/short_conv_gpu.py --trace 2>&1 | grep -E "device|short_conv_"
 done
-for mode in automatic explicit; do
-  echo "=== $mode: gdn_125m at 2048 x 8"
-  BARRIERS=$mode timeout ${LIMIT:-120} python3 benchmarks/gpu/train_with_knobs.py bench gdn_125m \
-      --context 2048 --batch-size 8 --steps 8 --out $OUT/bench_gdn_125m_$mode.json 2>&1 \
-      | grep -E "ms / step|tokens/s|compile|error"
-done
+bash benchmarks/gpu/bench_knob_ab.sh BARRIERS gdn_125m automatic explicit
 } | tee $OUT/kernel_barriers_ab.txt

@@ -10,14 +10,9 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCAT
 {
 for setting in off on; do
   echo "=== dx in kernel $setting: accuracy, ms, device ms"
-  timeout 90 python3 benchmarks/short_conv_gpu.py --trace --dx-in-kernel $setting 2>&1 \
-      | grep -E "^\| |device|short_conv_|fusion|convert|rror"
+  CONV_DX=$setting timeout 90 python3 benchmarks/gpu/with_knobs.py benchmarks/short_conv_gpu.py \
+      --trace 2>&1 | grep -E "^\| |device|short_conv_|fusion|convert|rror"
   echo "short_conv_gpu rc=${PIPESTATUS[0]} (1: past its accuracy bar)"
 done
-for setting in off on; do
-  echo "=== dx in kernel $setting: gdn_125m at 2048 x 8"
-  CONV_DX=$setting timeout ${LIMIT:-120} python3 benchmarks/gpu/train_with_knobs.py bench \
-      gdn_125m --context 2048 --batch-size 8 --steps 8 --out $OUT/bench_gdn_125m_dx_$setting.json \
-      2>&1 | grep -E "ms / step|tokens/s|compile|error"
-done
+bash benchmarks/gpu/bench_knob_ab.sh CONV_DX gdn_125m off on
 } | tee $OUT/short_conv_dx_ab.txt

@@ -3,11 +3,11 @@
 # grain, array_record, portpicker and tensorboardX in .whl/; writes bench_<preset>_<context>.json
 # and trainer_contexts.txt to $OUT. Knobs: PRESETS_2K, PRESETS_8K, STEPS, LIMIT (seconds per
 # run), the GDN kernels' switches INTRA, CONV, XLA_OPERANDS, RESIDUALS, OUTPUTS and
-# STATE_GRADIENTS and the attention kernels' FIELDS (benchmarks/gpu/train_with_knobs.py; unset: the library's defaults).
+# STATE_GRADIENTS and the attention kernels' FIELDS (benchmarks/gpu/with_knobs.py; unset: the library's defaults).
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 bench() {  # preset context batch
-  timeout ${LIMIT:-200} python3 benchmarks/gpu/train_with_knobs.py bench $1 --context $2 \
+  timeout ${LIMIT:-200} python3 benchmarks/gpu/with_knobs.py -m train bench $1 --context $2 \
       --batch-size $3 --steps ${STEPS:-8} --out $OUT/bench_$1_$2${CONV:+_conv_$CONV}${XLA_OPERANDS:+_xla_$XLA_OPERANDS}${RESIDUALS:+_residuals_$RESIDUALS}${OUTPUTS:+_outputs_$OUTPUTS}${STATE_GRADIENTS:+_state_gradients_$STATE_GRADIENTS}${FIELDS:+_fields_$FIELDS}.json
 }
 run() {
