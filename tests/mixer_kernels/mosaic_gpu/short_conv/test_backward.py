@@ -76,20 +76,26 @@ def test_kernels_match_xla(case):
     with interpret.gpu_interpret():
         y, (dx, dk) = _loss_and_grads("pallas", *args)
     assert not interpret.races_found()
-    f32 = lambda a: np.asarray(a).astype(np.float32)      # on the host: no compilations
+    assert_matches_xla((y, dx, dk), (y_xla, dx_xla, dk_xla), exact)
+
+
+def assert_matches_xla(got, xla, exact):
+    """got, xla: (y, dx, d taps) of "pallas" and "xla"; exact: "xla"'s (y, (dx, d taps)) on
+    float32 x for 16-bit x, else None. Compared on the host (no compilations)."""
+    f32 = lambda a: np.asarray(a).astype(np.float32)
     error = lambda a, b: float(np.max(np.abs(f32(a) - f32(b))))
     scale = lambda a: float(np.max(np.abs(f32(a)))) + 1e-6
-    assert y.shape == y_xla.shape and y.dtype == y_xla.dtype
+    for ours, theirs in zip(got, xla):
+        assert ours.shape == theirs.shape and ours.dtype == theirs.dtype
     if exact is None:      # float32: the same sums in another order
-        assert error(y, y_xla) <= 1e-6 * scale(y_xla)
-        assert error(dx, dx_xla) <= 2e-5 * scale(dx_xla)
-        assert error(dk, dk_xla) <= 2e-5 * scale(dk_xla)
+        for ours, theirs, rtol in zip(got, xla, (1e-6, 2e-5, 2e-5)):
+            assert error(ours, theirs) <= rtol * scale(theirs)
         return
     # bf16: "xla" rounds silu's output to bf16 before the norm and the cotangent between the
     # norm and silu, the kernels keep float32 throughout; both against float32 on the same
     # rounded x
     y_f32, (dx_f32, dk_f32) = exact
-    for ours, theirs, truth in ((y, y_xla, y_f32), (dx, dx_xla, dx_f32), (dk, dk_xla, dk_f32)):
+    for ours, theirs, truth in zip(got, xla, (y_f32, dx_f32, dk_f32)):
         assert error(ours, truth) <= 1e-2 * scale(truth)
         assert error(ours, truth) <= 1.5 * error(theirs, truth) + 1e-6 * scale(truth)
 
