@@ -43,14 +43,20 @@ from mixer_kernels.mosaic_gpu.short_conv.shifted_rows import (columns, copy_taps
 STEP = BLOCK - PAD
 
 
+def tile_rows(k, rows, minimum=min):
+    """(start, offset, count) of program k for Tr = rows: its n-row tile starts at row `start`
+    (STEP k, clipped to the last n rows), and its owned rows STEP k .. STEP k + count sit
+    `offset` rows into it. minimum: `min` for a Python k, jnp.minimum for a traced one."""
+    start = minimum(STEP * k, rows - BLOCK)
+    return start, STEP * k - start, minimum(STEP, rows - STEP * k)
+
+
 def tiles_and_ends(length, rows):
     """(tiles, ends) for T = length and Tr = rows: tiles = ceil(T / STEP) programs along time;
-    ends = {k: (offset, count)} for each tile k whose n-row tile is clipped to the last n rows
-    (STEP k > Tr - n): its owned rows STEP k .. STEP k + count sit `offset` rows into it. Every
-    other tile k owns STEP rows from row 0 of its tile, which starts at STEP k."""
+    ends = {k: (offset, count)} of each tile k clipped to the last n rows (`tile_rows`); every
+    other tile owns STEP rows from row 0 of its tile."""
     tiles = -(-length // STEP)
-    ends = {k: (STEP * k - (rows - BLOCK), min(STEP, rows - STEP * k))
-            for k in range(tiles) if STEP * k > rows - BLOCK}
+    ends = {k: tile_rows(k, rows)[1:] for k in range(tiles) if STEP * k > rows - BLOCK}
     return tiles, ends
 
 
@@ -79,7 +85,7 @@ def conv_backward_dx(x, dy, idsp, taps, *, normalize: bool, eps: float, length: 
     def kernel(x_ref, dy_ref, ids_ref, taps_ref, dx_ref, dw_ref,
                x_s, dy_s, ids_s, taps_s, dw_s, hi_s, lo_s, loaded, *shift_s):
         h, k, b = lax.axis_index("h"), lax.axis_index("t"), lax.axis_index("b")
-        start = jnp.minimum(k * STEP, rows - n)
+        start, offset, count = tile_rows(k, rows, jnp.minimum)
         copy_taps_and_ids(x_ref, ids_ref, x_s, ids_s, loaded.at[0], b=b, start=start, h=h)
         plgpu.copy_gmem_to_smem(dy_ref.at[b, pl.ds(start, n), h], dy_s, loaded.at[0])
         plgpu.copy_gmem_to_smem(taps_ref.at[:, h], taps_s, loaded.at[0])
@@ -89,8 +95,7 @@ def conv_backward_dx(x, dy, idsp, taps, *, normalize: bool, eps: float, length: 
         total, shifted = pre_activation(x_s, ids_s, taps_s)
         dtotal = d_total(total, dy_s[...].astype(jnp.float32), normalize=normalize, eps=eps)
         row = plgpu.broadcasted_iota(jnp.int32, shape, 0, layout=plgpu.Layout.WGMMA)
-        offset = k * STEP - start
-        owned = (row >= offset) & (row < offset + jnp.minimum(STEP, rows - k * STEP))
+        owned = (row >= offset) & (row < offset + count)
         dtotal_owned = jnp.where(owned, dtotal, 0.0)
         for s in range(width):
             dw_s.at[width - 1 - s][...] = jnp.sum(shifted(s) * dtotal_owned, axis=0)
