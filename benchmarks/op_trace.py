@@ -152,7 +152,6 @@ def _knobs(op):
     if op == "fpa":
         from mixer_kernels.mosaic_gpu.attention import fields
         knobs["field_passes"] = fields.FIELD_PASSES
-        knobs["dkv_query_min"] = backward.DKV_QUERY_MIN_PATH
     return knobs
 
 

@@ -52,9 +52,9 @@ def test_fpa_share_paths_order_as_their_work(kernels):
     for sweep in ("dkv", "dq"):
         totals = sorted({count.total() for kernel, label, count in rows
                          if kernel == f"attention_{sweep}_fpa_mosaic_gpu" and "b1.1" in label})
-        # paths 0, (3,) 1, 2 of a computed tile (no dead pair, query minimum in dq only,
-        # separable, row-referenced)
-        assert len(totals) == (4 if sweep == "dq" else 3), totals
+        # paths 0, 3, 1, 2 of a computed tile (no dead pair, query minimum, separable,
+        # row-referenced)
+        assert len(totals) == 4, totals
         assert softmax[f"attention_{sweep}_none_mosaic_gpu"] < totals[0]
         shares = [count for kernel, label, count in rows
                   if kernel == f"attention_{sweep}_fpa_mosaic_gpu" and count.total() > totals[0]]

@@ -77,14 +77,6 @@ def _to_bth(x, length):
 # backward is traced.
 OVERLAP = {"fpa": (True, True), "separable": (False, False), "none": (False, False)}
 
-# Whether FPA's dk/dv sweep also takes the query-minimum share path (path 3 of
-# backward_kernels._share_path, a branch nested in the dead-pair branch), as the dq sweep
-# does: on FoX's fields it forms u with one subtraction per pair and drops the dead mask.
-# The dk/dv sweep left the path out when a three-way branch there cost the flat regime's plain
-# tiles 15% (docs/benchmarks.md, "The query-minimum path"); the nested form is not yet timed
-# in dk/dv, so it is off. Read when the backward is traced.
-DKV_QUERY_MIN_PATH = False
-
 
 def kernel_config(bias, scale, segment_ids, length, block=BLOCK, prune=False,
                   lhs_in_registers=None):
@@ -101,7 +93,7 @@ def kernel_config(bias, scale, segment_ids, length, block=BLOCK, prune=False,
                         content=bool(bias.content) if fpa else True,
                         prune=bool(prune), margin=pruning_margin(length),
                         lhs_in_registers=bool(lhs_in_registers), overlap_dq=OVERLAP[mode][0],
-                        overlap_dkv=OVERLAP[mode][1], query_min_dkv=bool(DKV_QUERY_MIN_PATH))
+                        overlap_dkv=OVERLAP[mode][1])
 
 
 def document_end_index(segment_ids, padded, n):

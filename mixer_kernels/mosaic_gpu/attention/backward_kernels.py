@@ -89,7 +89,6 @@ class KernelConfig:
                                     # backward.kernel_config picks it outside the interpreter)
     overlap_dq: bool = False  # dq: issue the scores' and dP's matmuls together and form P
     overlap_dkv: bool = False  # (bias, exp) while dP's is in flight; dk/dv likewise
-    query_min_dkv: bool = False  # dk/dv also takes the query-minimum share path (dq always)
 
     @property
     def skips(self):
@@ -208,7 +207,7 @@ def _skip_tile(cfg, rows, cols, gap_min, beta):
     return bound + qn_kn < rows.scalar("dmin") - cfg.margin
 
 
-def _share_path(cfg, rows, cols, gap_min, query_min_path):
+def _share_path(cfg, rows, cols, gap_min):
     """Per off-diagonal FPA tile (level psi_s, gap minimum G): (r, path). r = min(alo_j, G,
     clo_i) is the lowest field value of any piece of the tile. path 0: no pair is dead, since
     R_ts - psi_s >= min(kap_j, min(G, clo_i) - kpmax_j) >= 0 (no field gradient); path 1:
@@ -218,30 +217,27 @@ def _share_path(cfg, rows, cols, gap_min, query_min_path):
     path 3: path 1 where moreover min(G, chi_i) <= alo_j and min(G, chi_i) < kp_j (the key
     block's lowest level): every pair's range minimum is its query side, R_ts = min(G, C_t),
     and every pair is dead, so u = min(G, C_t) - psi_s bit for bit (`Tile.level_gap`) and
-    coef = dS (FoX's fields take it on every off-diagonal tile). Without query_min_path those
-    tiles take path 1."""
+    coef = dS (FoX's fields take it on every off-diagonal tile)."""
     clo = rows.scalar("bmin")
     r = jnp.minimum(jnp.minimum(cols.scalar("alo"), gap_min), clo)
     high = jnp.minimum(gap_min, rows.scalar("chi"))   # the largest min(G, C_t) of the tile
     spread = (high - r) * (1.0 / cfg.tau)
     floor = no_dead_floor(cols.scalar("kap"), cols.scalar("kpmax"), gap_min, clo)
-    separable = 1
-    if query_min_path:
-        query_min = (high <= cols.scalar("alo")) & (high < cols.scalar("kp"))
-        separable = jnp.where(query_min, 3, 1)
+    query_min = (high <= cols.scalar("alo")) & (high < cols.scalar("kp"))
+    separable = jnp.where(query_min, 3, 1)
     path = jnp.where(floor >= 0.0, 0, jnp.where(spread <= SEPARABLE_SPREAD, separable, 2))
     return r, path
 
 
-def _by_path(compute, path, query_min_path):
+def _by_path(compute, path):
     """compute(state), or, off the diagonal of an FPA tile with a share path, a plain softmax
-    tile (compute(state, field_work=False)) on path 0 and, with query_min_path, the
-    query-minimum tile (compute(state, query_min=True)) on path 3."""
+    tile (compute(state, field_work=False)) on path 0 and the query-minimum tile
+    (compute(state, query_min=True)) on path 3, a branch nested in the dead-pair branch."""
     if path is None:
         return compute
     plain = functools.partial(compute, field_work=False)
-    dead = compute if not query_min_path else lambda state: lax.cond(
-        path == 3, functools.partial(compute, query_min=True), compute, state)
+    dead = lambda state: lax.cond(path == 3, functools.partial(compute, query_min=True),
+                                  compute, state)
     return lambda state: lax.cond(path == 0, plain, dead, state)
 
 
@@ -384,8 +380,7 @@ class Tile:
         """u = min(0, R - level) [n, n] of an off-diagonal FPA tile (< 0 where the key is
         dead): two operations per pair, as min(x, a - level) with everything else folded into
         vectors first; one (a subtraction) on a query-minimum tile (query_min, path 3 of
-        `_share_path`, taken by dq with key levels, and by dk/dv with cfg.query_min_dkv:
-        u = C'_t - psi_s). With A'_s = min(A_s, G), C'_t = min(C_t, G):
+        `_share_path`, key levels: u = C'_t - psi_s). With A'_s = min(A_s, G), C'_t = min(C_t, G):
 
             key level psi_s:    u = min(min(key_gap_s, G - psi_s), C_t - psi_s)     (dk/dv)
                                 u = min(key_gap_s, C'_t - psi_s)                     (dq)
@@ -648,17 +643,16 @@ def _advance_stream(fetch, bars, has_next, next_block, slot):
         plgpu.barrier_wait(bars.at[index + slot])
 
 
-def _sweep_tile(cfg, compute, state, rows, cols, streamed, gap, beta, diagonal,
-                query_min_path=False):
+def _sweep_tile(cfg, compute, state, rows, cols, streamed, gap, beta, diagonal):
     """(state, gap_min, gap_mass) past one tile: compute(state, r=, path=) off the diagonal by
-    share path (`_share_path`, `_by_path`; the query-minimum path only with query_min_path),
+    share path (`_share_path`, `_by_path`),
     not run where the forward pruned the tile; the gap's minimum and mass then take in the
     streamed block (off the diagonal, FPA)."""
     gap_min, gap_mass = gap
     r = path = None
     if cfg.separable and not diagonal:
-        r, path = _share_path(cfg, rows, cols, gap_min, query_min_path)
-    run = _by_path(functools.partial(compute, r=r, path=path), path, query_min_path)
+        r, path = _share_path(cfg, rows, cols, gap_min)
+    run = _by_path(functools.partial(compute, r=r, path=path), path)
     if diagonal or not cfg.prunes:
         state = run(state)
     else:
@@ -872,7 +866,7 @@ def dkv_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
                 return dk, dv, col_acc
 
             return _sweep_tile(cfg, compute, state, rows, cols, rows, (gap_min, gap_mass), beta,
-                               diagonal, query_min_path=cfg.query_min_dkv)
+                               diagonal)
 
         zeros_tile = zeros((n, head_dim), plgpu.Layout.WGMMA)
         col_acc = tuple(zeros((n,), plgpu.Layout.WGMMA.reduce(1)) for _ in out_names)
@@ -973,10 +967,8 @@ def dq_kernel(cfg: KernelConfig, q, k, v, dout, rowp, colp, rowd, cold, beta):
                     row_acc = row_sums(row_acc)
                 return dq, row_acc
 
-            # the query-minimum path in dq always; in dk/dv only with cfg.query_min_dkv
-            # (backward.DKV_QUERY_MIN_PATH)
             return _sweep_tile(cfg, compute, state, rows, cols, cols, (gap_min, gap_mass), beta,
-                               diagonal, query_min_path=True)
+                               diagonal)
 
         zeros_tile = zeros((n, head_dim), plgpu.Layout.WGMMA)
         row_acc = tuple(zeros((n,), plgpu.Layout.WGMMA.reduce(1)) for _ in out_names)

@@ -349,17 +349,13 @@ def test_fpa_tile_paths_chosen_per_tile_match_the_oracle():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("dkv_path", [False, True], ids=["dq", "dq_and_dkv"])
-def test_fpa_query_minimum_tiles_match_the_oracle(dkv_path, monkeypatch):
+def test_fpa_query_minimum_tiles_match_the_oracle():
     """FoX's fields (phi = psi = a walk of negative steps, fresh rates): every off-diagonal
     tile has its range minimum on the query side and every pair dead, the query-minimum path
-    (3 of `_share_path`: u from one subtraction, coef = dS; taken by dq, and by dk/dv with
-    backward.DKV_QUERY_MIN_PATH); a rise in the second half puts the tiles after it back on
+    (3 of `_share_path`: u from one subtraction, coef = dS; taken by both sweeps); a rise in the second half puts the tiles after it back on
     the other paths in the same row. Then every pair dead but a dip inside the first key block
     below every later field value: those keys' range minimum is their own side, so their tiles
     must not take path 3."""
-    from mixer_kernels.mosaic_gpu.attention import backward as backward_module
-    monkeypatch.setattr(backward_module, "DKV_QUERY_MIN_PATH", dkv_path)
     seed = case_seed(715)
     rng = np.random.default_rng(seed)
     log_f = -rng.uniform(0.01, 0.3, (1, 200, 1)).astype(np.float32)
