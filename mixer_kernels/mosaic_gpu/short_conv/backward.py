@@ -1,25 +1,20 @@
 """The backward of the "pallas" entry of `gdn_jax.ops.short_conv` (whose forward,
 `forward.conv_forward_pass`, saves only its inputs): one Mosaic GPU pass and, around it, XLA's
-sum of the taps' gradient over batch and blocks. DX_IN_KERNEL picks the pass:
+sum of the taps' gradient over batch and blocks. `backward_kernel.conv_backward` writes
+d total in float32, and one XLA pass forms
 
-    False   `backward_kernel.conv_backward` writes d total in float32, and one XLA pass forms
-            dx_u = sum_{s < W} kernel[W-1-s] m_s(u + s) dtotal_{u+s}
-            (m_s(t) = [doc(t-s) == doc(t)]) from it
-    True    `backward_dx_kernel.conv_backward_dx` forms dx itself (d total never leaves it);
-            lowered for Hopper and checked in the GPU interpreter, not yet timed on a GPU, so
-            it is not the default. Read when the backward is traced.
+    dx_u = sum_{s < W} kernel[W-1-s] m_s(u + s) dtotal_{u+s}      (m_s(t) = [doc(t-s) == doc(t)])
+
+from it. (A kernel that formed dx itself, d total never leaving it, was slower on an H100:
+docs/benchmarks.md, "dx in the short convolution's backward kernel, again".)
 """
 
 import jax.numpy as jnp
 
 from mixer_core import shard
 from mixer_core.padding import pad_time
-from mixer_kernels.mosaic_gpu.short_conv.backward_dx_kernel import conv_backward_dx
 from mixer_kernels.mosaic_gpu.short_conv.backward_kernel import conv_backward
 from mixer_kernels.mosaic_gpu.short_conv.common import kernel_inputs, kernel_program
-
-
-DX_IN_KERNEL = False
 
 
 def conv_backward_pass(x, kernel, segment_ids, dy, *, normalize_heads, eps):
@@ -32,15 +27,12 @@ def conv_backward_pass(x, kernel, segment_ids, dy, *, normalize_heads, eps):
     rows, heads, dim = xr.shape[1:]
     normalize = normalize_heads is not None
     dy4 = pad_time(dy.reshape(batch, length, heads, dim).astype(x.dtype), rows)
-    if DX_IN_KERNEL:
-        program = kernel_program(conv_backward_dx, normalize=normalize, eps=eps, length=length)
-    else:
-        program = kernel_program(conv_backward, normalize=normalize, eps=eps)
+    program = kernel_program(conv_backward, normalize=normalize, eps=eps)
     first, dw_part = shard.shard_batch_and_heads(
         program, xr, dy4, idsp, taps,
         layouts=("BTHD", "BTHD", "BT", "WHD"), out_layouts=("BTHD", "BNHWD"))
     first = first[:, :length].reshape(batch, length, channels)
-    dx = first if DX_IN_KERNEL else _dx_from_dtotal(first, kernel, ids)
+    dx = _dx_from_dtotal(first, kernel, ids)
     d_kernel = dw_part.sum((0, 1)).transpose(1, 0, 2).reshape(width, channels)
     return dx.astype(x.dtype), d_kernel.astype(kernel.dtype)
 

@@ -14,8 +14,7 @@ and their `supports` (the Mosaic GPU helpers: mixer_kernels/mosaic_gpu/common.py
                      rounding of the outputs; the GPU interpreter of the tests computes it
                      exactly); the backward, whose taps' gradient sums a tile over its rows,
                      also 8 KiB of shared memory for sums across the warps
-                     (`REDUCTION_SCRATCH_BYTES`); both order their shared-memory accesses
-                     themselves (mixer_kernels/mosaic_gpu/common.py KERNEL_BARRIERS)
+                     (`REDUCTION_SCRATCH_BYTES`)
 
 Each kernel runs behind one `jax.jit` per configuration, so the layers' convolutions of equal
 shapes share one lowered kernel per compiled step.
@@ -25,10 +24,10 @@ import functools
 
 import jax
 import jax.numpy as jnp
+from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from mixer_core.padding import pad_time
-from mixer_kernels.mosaic_gpu.common import (REDUCTION_SCRATCH_BYTES, compiler_params,
-                                             document_start_index)
+from mixer_kernels.mosaic_gpu.common import REDUCTION_SCRATCH_BYTES, document_start_index
 
 PAD = 8
 BLOCK = 64
@@ -37,11 +36,12 @@ SUPPORTED_HEAD_DIMS = (64, 128)
 
 
 def forward_params():
-    return compiler_params(approx_math=True)
+    return plgpu.CompilerParams(approx_math=True)
 
 
 def backward_params():
-    return compiler_params(approx_math=True, reduction_scratch_bytes=REDUCTION_SCRATCH_BYTES)
+    return plgpu.CompilerParams(approx_math=True,
+                                reduction_scratch_bytes=REDUCTION_SCRATCH_BYTES)
 
 
 def head_width(channels: int, normalize_heads: int | None) -> int:
