@@ -1,8 +1,8 @@
 # `python -m train bench PRESET` at 2048 x 8 (8 steps) once per VALUE of the environment switch
-# KNOB (benchmarks/gpu/with_knobs.py), one after the other on the same machine; for the A/B
-# scripts beside this file, which install the wheels and set PYTHONPATH first. LIMIT: seconds
-# per run (default 150). Writes $OUT/bench_PRESET_KNOB_VALUE.json.
-#     bash benchmarks/gpu/bench_knob_ab.sh BARRIERS gdn_125m automatic explicit
+# KNOB (benchmarks/gpu/with_knobs.py), one after the other on the same machine, with the
+# wheels installed and PYTHONPATH set first as the other scripts beside this file do. LIMIT:
+# seconds per run (default 150). Writes $OUT/bench_PRESET_KNOB_VALUE.json.
+#     bash benchmarks/gpu/bench_knob_ab.sh FIELDS fpa_125m by_level kernels
 knob=$1 preset=$2
 shift 2
 for value in "$@"; do

@@ -7,13 +7,10 @@ for the GPU scripts beside this file (unset or empty: the library's default):
     OUTPUTS       "xla" | "pallas"          vjp.OUTPUTS
     STATE_GRADIENTS  "xla" | "pallas"       vjp.STATE_GRADIENTS
     CONV          "xla"                     the short convolutions without their kernel backward
-    CONV_DX       "on" | "off"              .../short_conv/backward.py DX_IN_KERNEL
     FIELDS        "by_level" | "kernels" | "all_levels"   .../attention/fields.py FIELD_PASSES
-    BARRIERS      "automatic" | "explicit"  mixer_kernels/mosaic_gpu/common.py KERNEL_BARRIERS
-    DKV_QUERY_MIN "on" | "off"              .../attention/backward.py DKV_QUERY_MIN_PATH
 
     python3 benchmarks/gpu/with_knobs.py -m train bench gdn_125m --context 2048 --batch-size 8
-    BARRIERS=explicit python3 benchmarks/gpu/with_knobs.py benchmarks/op_trace.py gdn
+    OUTPUTS=xla python3 benchmarks/gpu/with_knobs.py benchmarks/op_trace.py gdn
 """
 
 import os
@@ -23,10 +20,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from gdn_jax.ops import short_conv  # noqa: E402
-from mixer_kernels.mosaic_gpu import common  # noqa: E402
-from mixer_kernels.mosaic_gpu.attention import backward, fields  # noqa: E402
+from mixer_kernels.mosaic_gpu.attention import fields  # noqa: E402
 from mixer_kernels.mosaic_gpu.gated_delta import vjp  # noqa: E402
-from mixer_kernels.mosaic_gpu.short_conv import backward as conv_backward  # noqa: E402
 
 
 def apply_environment():
@@ -38,12 +33,6 @@ def apply_environment():
             setattr(vjp, attribute, os.environ[name])
     if os.environ.get("FIELDS"):
         fields.FIELD_PASSES = os.environ["FIELDS"]
-    if os.environ.get("BARRIERS"):
-        common.KERNEL_BARRIERS = os.environ["BARRIERS"]
-    if os.environ.get("DKV_QUERY_MIN"):
-        backward.DKV_QUERY_MIN_PATH = os.environ["DKV_QUERY_MIN"] == "on"
-    if os.environ.get("CONV_DX"):
-        conv_backward.DX_IN_KERNEL = os.environ["CONV_DX"] == "on"
     if os.environ.get("CONV") == "xla":
         short_conv.REGISTRY = short_conv.REGISTRY.with_default_order(("xla",))
 

@@ -9,10 +9,6 @@ short convolution).
                                                 label documents (XLA side)
     REDUCTION_SCRATCH_BYTES   shared memory for a kernel's sums across its warps (a
                               CompilerParams option)
-    KERNEL_BARRIERS, compiler_params(**options)   whether the kernels that order every
-                              shared-memory access themselves drop Pallas' automatic barriers
-    reads_done()                  under "explicit", the warpgroup barrier between a tile's last
-                              wgmma read and the threads' next store to it
 """
 
 import jax
@@ -29,40 +25,6 @@ from mixer_core.padding import pad_time
 # the attention sweeps keep the default, as 6 KiB more would cost FPA's dk/dv and dq
 # sweeps at D = 128 (112,736 bytes a program with the default) their second program per SM.
 REDUCTION_SCRATCH_BYTES = 8192
-
-# Pallas puts a warpgroup barrier before and after every store to shared memory and before
-# every TMA load into it ("automatic"). Some kernels order every access of theirs explicitly:
-# threads write only tiles that `commit_smem` (a fence and a warpgroup barrier) hands to a
-# wgmma or a TMA copy, rewrite a tile only after `wait_smem_to_gmem` (a wait and a barrier) or
-# in the layout they read it in (each element by the same thread), and refill a streamed slot
-# only after a barrier that follows the last wgmma reading it (`reads_done`). "explicit"
-# compiles those kernels without the automatic barriers (`unsafe_no_auto_barriers`): the
-# forward and backward state recurrences, the state gradients, the chunk outputs and their
-# backward, the WY preparation and its backward, and the short convolutions. The GPU
-# interpreter cannot check a barrier; "automatic" stays the default until the compiled
-# kernels are checked and timed on the GPU. Read when a kernel is traced (a compiled function
-# keeps its choice).
-KERNEL_BARRIERS = "automatic"
-
-
-def compiler_params(**options):
-    """plgpu.CompilerParams(**options) for a kernel that orders its shared-memory accesses
-    itself: without Pallas' automatic barriers where KERNEL_BARRIERS is "explicit"."""
-    if KERNEL_BARRIERS not in ("automatic", "explicit"):
-        raise ValueError(f"KERNEL_BARRIERS: expected 'automatic' or 'explicit', got "
-                         f"{KERNEL_BARRIERS!r}")
-    return plgpu.CompilerParams(unsafe_no_auto_barriers=KERNEL_BARRIERS == "explicit",
-                                **options)
-
-
-def reads_done():
-    """Under "explicit" barriers, a warpgroup barrier (with `commit_smem`'s fence) between the
-    last wgmma that reads a shared-memory tile and the threads' next store to it: each warp
-    waits only for its own part of a wgmma, so without it one warp could overwrite a tile
-    another warp's part is still reading. Under "automatic" Pallas puts a barrier before the
-    store already, and this adds nothing."""
-    if KERNEL_BARRIERS == "explicit":
-        plgpu.commit_smem()
 
 
 def swizzled_smem(shape, dtype, swizzle=128):

@@ -11,15 +11,12 @@ mixer_kernels/mosaic_gpu/common.py).
                          shared memory than SMEM_BYTES
     summed_over_group(x, like)   a kernel's q- or k-shaped cotangent [B, Tp, HV, K] (per value
                          head for grouped heads) as like's [B, Tp, H, K] in like's dtype
-    per_chunk(kernel, name, out_type, scratch, grid_shape, interpret, ordered=False)
+    per_chunk(kernel, name, out_type, scratch, grid_shape, interpret)
                          plgpu.kernel with one block per (chunk, value head, batch), its body
-                         named in profiles; ordered: the kernel orders its shared-memory
-                         accesses itself (mixer_kernels/mosaic_gpu/common.py KERNEL_BARRIERS)
+                         named in profiles
 """
 
 from jax.experimental.pallas import mosaic_gpu as plgpu
-
-from mixer_kernels.mosaic_gpu.common import compiler_params
 
 CHUNK = 64
 SMEM_BYTES = 232448
@@ -45,12 +42,10 @@ def summed_over_group(x, like):
     return x.astype(like.dtype)
 
 
-def per_chunk(kernel, name, out_type, scratch, grid_shape, interpret, ordered=False):
+def per_chunk(kernel, name, out_type, scratch, grid_shape, interpret):
     """`kernel` launched with one block per (chunk "c", value head "hv", batch "b") of
     grid_shape = (N, HV, B), named `name` in profiles; returns the launch (call it on the
-    operands). ordered: the kernel orders every shared-memory access itself, so it may
-    compile without Pallas' automatic barriers (`compiler_params`)."""
+    operands)."""
     kernel.__name__ = name
     return plgpu.kernel(kernel, out_type=out_type, scratch_types=scratch, grid=grid_shape,
-                        grid_names=("c", "hv", "b"), interpret=interpret,
-                        compiler_params=compiler_params() if ordered else None)
+                        grid_names=("c", "hv", "b"), interpret=interpret)

@@ -41,8 +41,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from mixer_kernels.mosaic_gpu.gated_delta.common import (CHUNK, SMEM_BYTES, check_smem, head_sizes,
                                                            per_chunk)
-from mixer_kernels.mosaic_gpu.common import (matmul, matmul_groups, reads_done,
-                                             swizzled_smem)
+from mixer_kernels.mosaic_gpu.common import matmul, matmul_groups, swizzled_smem
 
 
 def smem_bytes(key_dim, value_dim, operand_dtype, backward: bool) -> int:
@@ -115,8 +114,7 @@ def forward(q, states, w, u, p, e, *, scale, interpret=None):
         scratch += (swizzled_smem((c, value_dim), op_dtype),)  # N
     out_type = jax.ShapeDtypeStruct((batch, q.shape[1], num_v_heads, value_dim), jnp.float32)
     return per_chunk(kernel, "delta_rule_chunk_outputs", out_type, scratch,
-                     (num_chunks, num_v_heads, batch), interpret,
-                     ordered=True)(q, states, w, u, p, e)
+                     (num_chunks, num_v_heads, batch), interpret)(q, states, w, u, p, e)
 
 
 def backward(q, states, w, u, p, e, d_out, *, scale, with_dw=True, interpret=None):
@@ -150,7 +148,6 @@ def backward(q, states, w, u, p, e, d_out, *, scale, with_dw=True, interpret=Non
         plgpu.commit_smem()
 
         d_new, d_p = matmul_groups((shape, [(p_s.T, do_s)]), ((c, c), [(do_s, n_s.T)]))
-        reads_done()
         p_s[...] = d_p.astype(op_dtype)                                         # dP
         u_s[...] = d_new                                                        # dU
         dn_s[...] = (-d_new).astype(op_dtype)                                   # -dN
@@ -174,7 +171,6 @@ def backward(q, states, w, u, p, e, d_out, *, scale, with_dw=True, interpret=Non
         else:
             d_q = matmul(do_s, s_s.T, (c, key_dim))
         if group == 1:
-            reads_done()
             dq_s[...] = d_q.astype(op_dtype)                      # Q is read by dS only
         else:
             if not separate:
@@ -212,5 +208,4 @@ def backward(q, states, w, u, p, e, d_out, *, scale, with_dw=True, interpret=Non
         if group > 1:
             scratch += (swizzled_smem((c, key_dim), jnp.float32),)   # dq
     return per_chunk(kernel, "delta_rule_chunk_outputs_backward", out_type, scratch,
-                     (num_chunks, num_v_heads, batch), interpret,
-                     ordered=True)(q, states, w, u, p, e, d_out)
+                     (num_chunks, num_v_heads, batch), interpret)(q, states, w, u, p, e, d_out)

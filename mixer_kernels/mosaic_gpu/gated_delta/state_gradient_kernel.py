@@ -118,4 +118,4 @@ def state_gradients(states, lambdas, d_u, u, w, d_u_out=None, *, interpret=None)
         scratch += (swizzled_smem((c, key_dim), op_dtype),       # dW
                     swizzled_smem((c, key_dim), op_dtype))       # dKw
     return per_chunk(kernel, "delta_rule_state_gradients", out_type, scratch,
-                     (num_chunks, num_v_heads, batch), interpret, ordered=True)(*inputs)
+                     (num_chunks, num_v_heads, batch), interpret)(*inputs)

@@ -35,7 +35,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from mixer_kernels.mosaic_gpu.gated_delta.common import SMEM_BYTES, SUPPORTED_HEAD_DIMS
-from mixer_kernels.mosaic_gpu.common import compiler_params, matmul, swizzled_smem
+from mixer_kernels.mosaic_gpu.common import matmul, swizzled_smem
 
 
 
@@ -135,7 +135,7 @@ def _launch(kernel, name, out_type, scratch, tiling, num_v_heads, batch, interpr
     return plgpu.kernel(
         kernel, out_type=out_type, scratch_types=(*scratch, *barriers),
         grid=(tiling.num_value_tiles, num_v_heads, batch), grid_names=("vt", "hv", "b"),
-        compiler_params=compiler_params(), interpret=interpret,
+        interpret=interpret,
     )(*operands)
 
 

@@ -51,7 +51,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from mixer_kernels.mosaic_gpu.gated_delta import wy, wy_kernel
 from mixer_kernels.mosaic_gpu.gated_delta.common import (CHUNK, SMEM_BYTES, check_smem, head_sizes,
                                                            per_chunk, summed_over_group)
-from mixer_kernels.mosaic_gpu.common import matmul, reads_done, swizzled_smem
+from mixer_kernels.mosaic_gpu.common import matmul, swizzled_smem
 
 
 def smem_bytes(key_dim, value_dim, operand_dtype) -> int:
@@ -131,17 +131,14 @@ def backward(q, k, v, rows, cotangents, dq_more=None, *, scale, interpret=None):
         dk_s[...] = (matmul(x_s.T, dw_s, (c, key_dim))
                      + loaded_f32(dkw_s) * along("kw_decay", key_dim))       # the direct terms
         dkw_s[...] = matmul(x_s, k_s, (c, key_dim)).astype(op_dtype)        # W, in dKw's place
-        reads_done()
         x_s[...] = inverse.astype(op_dtype)
         plgpu.commit_smem()
 
         d_rhs_k = matmul(x_s.T, dw_s, (c, key_dim))
         store_row("beta_e", jnp.sum(d_rhs_k * loaded_f32(k_s), axis=1))
-        reads_done()
         dw_s[...] = d_rhs_k.astype(op_dtype)
         d_rhs_v = matmul(x_s.T, du_s, (c, value_dim))
         store_row("beta_j", jnp.sum(d_rhs_v * loaded_f32(v_s), axis=1))
-        reads_done()
         du_s[...] = d_rhs_v.astype(op_dtype)
         v_s[...] = (along("beta_i", value_dim) * d_rhs_v).astype(v_s.dtype)   # dV, in V's place
         plgpu.commit_smem()
@@ -207,7 +204,6 @@ def backward(q, k, v, rows, cotangents, dq_more=None, *, scale, interpret=None):
         scratch += (swizzled_smem((c, key_dim), op_dtype),     # dq_more, then dq
                     plgpu.Barrier(num_arrivals=1))
     d_q, d_k, d_v, d_rows = per_chunk(kernel, "delta_rule_wy_backward", out_type, scratch,
-                                      (num_chunks, num_v_heads, batch), interpret,
-                                      ordered=True)(
+                                      (num_chunks, num_v_heads, batch), interpret)(
         q, k, v, rows, *(x.astype(op_dtype) for x in cotangents), *([dq_more] if more else []))
     return summed_over_group(d_q, q), summed_over_group(d_k, k), d_v, d_rows

@@ -36,8 +36,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from mixer_kernels.mosaic_gpu.gated_delta import wy
 from mixer_kernels.mosaic_gpu.gated_delta.common import CHUNK, check_smem, head_sizes, per_chunk
-from mixer_kernels.mosaic_gpu.common import (matmul, matmul_groups, reads_done,
-                                             swizzled_smem)
+from mixer_kernels.mosaic_gpu.common import matmul, matmul_groups, swizzled_smem
 
 
 def smem_bytes(key_dim, value_dim, operand_dtype, with_inverse) -> int:
@@ -63,11 +62,9 @@ def unit_lower_inverse(a, i, j, x_s, m_s):
         m_s[...] = jnp.where(block(level), a, 0.0).astype(m_s.dtype)
         plgpu.commit_smem()
         left = matmul(x_s, m_s, a.shape)                 # X (A ⊙ M_s)
-        reads_done()
         m_s[...] = left.astype(m_s.dtype)
         plgpu.commit_smem()
         x = x - matmul(m_s, x_s, a.shape)
-        reads_done()
     return x
 
 
@@ -114,7 +111,6 @@ def prepare(q, k, v, rows, *, scale, with_inverse=False, interpret=None):
         along, i, j, decay = chunk_tiles(rows_s, c)
         key_gram, scores = matmul_groups((shape, [(k_s, k_s.T)]), (shape, [(q_s, k_s.T)]))
         a = jnp.where(i > j, along("beta_i", c) * key_gram * decay, 0.0)
-        reads_done()                                                   # Q is rewritten next
 
         p_s[...] = (scale * scores * decay).astype(op_dtype)
         q_s[...] = (k_s[...].astype(jnp.float32)
@@ -131,7 +127,6 @@ def prepare(q, k, v, rows, *, scale, with_inverse=False, interpret=None):
         plgpu.commit_smem()
         u, w = matmul_groups(((c, value_dim), [(m_s, v_s)]), ((c, key_dim), [(x_s, k_s)]))
         u_s[...] = u
-        reads_done()
         k_s[...] = w.astype(op_dtype)                                   # W, staged in K's place
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(k_s, w_ref.at[chunk, b, head])
@@ -158,4 +153,4 @@ def prepare(q, k, v, rows, *, scale, with_inverse=False, interpret=None):
         scratch.append(swizzled_smem(shape, jnp.float32))
     scratch.append(plgpu.Barrier(num_arrivals=4))
     return per_chunk(kernel, "delta_rule_wy_prepare", tuple(out_type), tuple(scratch),
-                     (num_chunks, num_v_heads, batch), interpret, ordered=True)(q, k, v, rows)
+                     (num_chunks, num_v_heads, batch), interpret)(q, k, v, rows)
