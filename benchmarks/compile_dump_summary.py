@@ -1,12 +1,9 @@
 """Summarise an XLA GPU dump of a compiled program (`XLA_FLAGS=--xla_dump_to=DIR
---xla_dump_hlo_as_text`): how many fusions the optimised HLO runs, how many distinct fused
-computations they call, the custom calls by target, and how many kernels the PTX defines.
+--xla_dump_hlo_as_text`): how many fusions the optimised HLO runs, its custom calls by target,
+and how much of its text those custom calls take (a Mosaic GPU call carries its kernel's whole
+module in its backend config, once per call site: once per layer after XLA inlines the layers).
 
     python benchmarks/compile_dump_summary.py DIR [--module-re REGEX]
-
-XLA compiles one kernel per distinct fusion and reuses it for identical fusions, so
-"PTX kernels" well below "fusions" means the layers share their compiled kernels; a count
-that grows with the layers means each layer's glue is compiled again.
 """
 
 import argparse
@@ -17,21 +14,16 @@ import re
 
 
 def hlo_counts(text):
-    """(fusion calls, distinct fused computations, {custom-call target: count}) of an HLO text."""
-    fusions = re.findall(r"\bfusion\(.*?calls=(%?[\w.\-]+)", text)
-    targets = collections.Counter(re.findall(r'custom_call_target="([^"]+)"', text))
-    return len(fusions), len(set(fusions)), dict(targets)
-
-
-def ptx_kernels(paths):
-    """(kernels, bytes) over PTX files: `.entry` definitions and total size."""
-    kernels, size = 0, 0
-    for path in paths:
-        with open(path, errors="replace") as f:
-            text = f.read()
-        kernels += len(re.findall(r"^\s*\.(?:visible\s+)?\.?entry\s", text, flags=re.M))
-        size += len(text)
-    return kernels, size
+    """(fusion calls, {custom-call target: count}, {custom-call target: characters of its
+    lines}) of an HLO text."""
+    fusions = len(re.findall(r"\bfusion\(", text))
+    targets, sizes = collections.Counter(), collections.Counter()
+    for line in text.splitlines():
+        match = re.search(r'custom_call_target="([^"]+)"', line)
+        if match:
+            targets[match.group(1)] += 1
+            sizes[match.group(1)] += len(line)
+    return fusions, dict(targets), dict(sizes)
 
 
 def summarise(directory, module_re):
@@ -44,13 +36,12 @@ def summarise(directory, module_re):
     for path in sorted(hlo):
         with open(path) as f:
             text = f.read()
-        calls, distinct, targets = hlo_counts(text)
+        fusions, targets, sizes = hlo_counts(text)
         stem = os.path.basename(path).split("after_optimizations")[0].rstrip("._")
-        module = stem.split(".")[0]   # module_NNNN: the PTX files' prefix
-        kernels, size = ptx_kernels(glob.glob(os.path.join(directory, module + ".*ptx")))
-        lines.append(f"{stem}: {calls} fusion calls, {distinct} distinct fused computations, "
-                     f"PTX kernels {kernels} ({size / 1e6:.1f} MB), HLO {len(text) / 1e6:.1f} MB, "
-                     f"custom calls {targets}")
+        calls = ", ".join(f"{name} {count} ({sizes[name] / 1e6:.1f} MB)"
+                          for name, count in sorted(targets.items()))
+        lines.append(f"{stem}: HLO {len(text) / 1e6:.1f} MB, {fusions} fusion calls, "
+                     f"custom calls: {calls or 'none'}")
     return "\n".join(lines)
 
 

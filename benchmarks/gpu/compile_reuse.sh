@@ -1,9 +1,8 @@
-# On an H100 or H200 (about four minutes): does a train step's compile grow with depth, and
-# are the layers' XLA kernels compiled once or once per layer? For each preset in PRESETS at
-# 3 and 12 layers, benchmarks/compile_profile.py's trace / lower / compile seconds, with XLA's
-# dump of the optimised train step: its fusion count and the kernels in its PTX (a kernel
-# XLA reuses for identical fusions appears once). Needs the wheels of .whl/. Writes
-# $OUT/compile_reuse.txt.
+# On an H100 or H200 (about three minutes): how a train step's compile grows with depth. For
+# each preset in PRESETS at 3 and 12 layers (LAYERS), benchmarks/compile_profile.py's trace /
+# lower / compile seconds, with XLA's dump of the optimised train step summarised by
+# benchmarks/compile_dump_summary.py (its size, fusion calls, custom calls and the text they
+# take). Needs the wheels of .whl/. Writes $OUT/compile_reuse.txt.
 #     bash benchmarks/gpu/compile_reuse.sh
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
