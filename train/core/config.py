@@ -149,6 +149,8 @@ class TrainConfig:
                                    # the devices (its compile: 6 s on an H200 machine, against
                                    # 51 s for the same program on the GPU), or on the "device"s
                                    # (a state too large for one host's memory)
+    compile_cache: str = "run"     # persistent compilation cache: "run" (<run_dir>/compile_cache),
+                                   # "off", or a directory shared by runs (compile_cache.py)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -19,10 +19,11 @@
     run dir      locked for one writer, removed again if the run fails before its first
                  metric or checkpoint (train/core/runs.py claimed_run_dir)
     startup      before compiling: devices and mesh, parameter count, tokens per step, the
-                 run directory and the memory estimate (train/core/memory.py); a step that cannot
-                 fit device memory is refused (DeviceMemoryError), as is an XLA out-of-memory
-                 later; then "compiling..." around the first step, whose time stays out of
-                 the ETA and tokens/s
+                 run directory, the persistent compilation cache (train.compile_cache,
+                 train/core/compile_cache.py) and the memory estimate (train/core/memory.py); a
+                 step that cannot fit device memory is refused (DeviceMemoryError), as is an
+                 XLA out-of-memory later; then "compiling..." around the first step, whose
+                 time stays out of the ETA and tokens/s
     metrics      records up to a checkpoint's step are flushed before it is saved; a resumed
                  run first drops the records after its checkpoint (they are replayed) and
                  rebuilds the TensorBoard events (train/core/metrics.py)
@@ -55,6 +56,7 @@ from train.checkpoint.manager import Checkpointer, RestoredCheckpoint
 from train.checkpoint.preemption import PreemptionFlag, install_preemption_handler
 from train.checkpoint.run_files import CONFIG_FILENAME, load_run_config, save_run_files
 from train.checkpoint.state_tree import StateMismatchError
+from train.core import compile_cache
 from train.core.config import Config, ConfigError, config_differences
 from train.core.evaluate import evaluate
 from train.core.memory import (MemoryEstimate, check_fits, device_memory_bytes, describe_limit,
@@ -175,6 +177,7 @@ def fit(config: Config, run_dir: str | Path, *, hooks: FitHooks = FitHooks(),
 def _fit_locked(config: Config, run_dir: Path, hooks: FitHooks, mesh: Mesh | None) -> FitResult:
     started = time.time()
     t = config.train
+    cache_line = compile_cache.enable(t.compile_cache, run_dir)   # before anything compiles
     with _setup_errors():
         _check_data_order(config, run_dir)
         tokenizer = load_tokenizer(config.data.tokenizer)
@@ -213,7 +216,7 @@ def _fit_locked(config: Config, run_dir: Path, hooks: FitHooks, mesh: Mesh | Non
                 params, extra = hooks.initial(session) if hooks.initial else (None, {})
                 if params is not None:
                     state["params"] = jax.device_put(params, session.state_shardings["params"])
-        _startup_report(config, session, run_dir, bar, memory, memory_limit)
+        _startup_report(config, session, run_dir, bar, memory, memory_limit, cache_line)
     except BaseException as error:
         checkpointer.close()
         if isinstance(error, Exception):
@@ -361,9 +364,9 @@ def _check_data_order(config: Config, run_dir: Path) -> None:
 
 
 def _startup_report(config: Config, session: Session, run_dir: Path, bar: ProgressBar,
-                    estimate: MemoryEstimate, limit: int | None) -> None:
-    """Devices, mesh, size, tokens per step, run dir and the memory estimate (before the
-    train step compiles)."""
+                    estimate: MemoryEstimate, limit: int | None, cache_line: str) -> None:
+    """Devices, mesh, size, tokens per step, run dir, compile cache and the memory estimate
+    (before the train step compiles)."""
     devices = jax.devices()
     mesh = dict(session.mesh.shape)
     d, t = config.data, config.train
@@ -379,6 +382,7 @@ def _startup_report(config: Config, session: Session, run_dir: Path, bar: Progre
     bar.message(f"memory estimate: {estimate.describe()}"
                 + describe_limit(limit))
     bar.message(f"run dir: {run_dir}")
+    bar.message(cache_line)
 
 
 def _first_step(session: Session, state, batch, bar: ProgressBar, log: "_StepLog"):

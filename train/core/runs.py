@@ -33,6 +33,7 @@ import jax
 
 from train.checkpoint.manager import Checkpointer, RestoredCheckpoint, UnreadableCheckpointError
 from train.checkpoint.run_files import CONFIG_FILENAME, TOKENIZER_DIRNAME, load_run_config
+from train.core import compile_cache
 from train.core.config import Config, changed_from_preset
 from train.core.metrics import METRICS_FILE
 from train.core.presets import config_from_dict, load_config
@@ -176,8 +177,9 @@ def _progress(run_dir: Path) -> tuple:
 
 
 def _is_setup_file(name: str) -> bool:
-    """The files a run writes before its first step (config, its copies, tokenizer, lock)."""
-    return (name in (CONFIG_FILENAME, TOKENIZER_DIRNAME, LOCK_FILE)
+    """The files a run writes before its first step (config, its copies, tokenizer, lock, its
+    compile cache)."""
+    return (name in (CONFIG_FILENAME, TOKENIZER_DIRNAME, LOCK_FILE, compile_cache.DIRNAME)
             or (name.startswith("config.") and name.endswith(".json")))
 
 

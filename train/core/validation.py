@@ -52,6 +52,8 @@ def validate(config: Config) -> None:
         _require(value >= 0, f"{key} must be >= 0, got {value}")
     _require(t.init_on in ("host", "device"),
              f"train.init_on must be 'host' or 'device', got {t.init_on!r}")
+    _require(isinstance(t.compile_cache, str) and t.compile_cache.strip() != "",
+             f"train.compile_cache must be 'run', 'off' or a directory, got {t.compile_cache!r}")
     _require(t.on_nonfinite in ("stop", "skip"),
              f"train.on_nonfinite must be 'stop' or 'skip', got {t.on_nonfinite!r}")
     _require(mesh.data == -1 or mesh.data >= 1, f"mesh.data must be -1 or >= 1, got {mesh.data}")

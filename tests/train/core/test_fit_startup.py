@@ -31,7 +31,8 @@ def test_run_startup_record_and_resume(tmp_path, corpus, capsys):
     err = captured.err
     for expected in ("initial state drawn in ", "(train.init_on=host)", "devices: 1 x ", "mesh data=1 fsdp=1 tensor=1", "M parameters",
                      "tokens/step: 2 x 16 = 32", "memory estimate: ", f"run dir: {run_dir}",
-                     "compiling the train step...", "compiled; first step done in"):
+                     "compile cache: ", "compiling the train step...",
+                     "compiled; first step done in"):
         assert expected in err, expected
     assert err.index("run dir:") < err.index("compiling") < err.index("step 1/4")
 
