@@ -32,13 +32,18 @@ def cache_directory(setting: str, run_dir: str | Path) -> Path | None:
 
 def enable(setting: str, run_dir: str | Path) -> str:
     """Points JAX's persistent cache at train.compile_cache's directory (before the run compiles
-    anything) unless one is set already; returns the startup line that says which is used."""
+    anything) unless one is set already; returns the startup line that says which is used.
+    A directory that cannot be created is a ValueError naming it."""
     current = jax.config.jax_compilation_cache_dir
     if current:
         return f"compile cache: {current} (set outside the run's config)"
     directory = cache_directory(setting, run_dir)
     if directory is None:
         return "compile cache: off"
-    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ValueError(f"train.compile_cache: cannot create {directory} ({error.strerror}); "
+                         "name a writable directory, or 'off'") from None
     jax.config.update("jax_compilation_cache_dir", str(directory))
     return f"compile cache: {directory}"

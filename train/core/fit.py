@@ -177,8 +177,8 @@ def fit(config: Config, run_dir: str | Path, *, hooks: FitHooks = FitHooks(),
 def _fit_locked(config: Config, run_dir: Path, hooks: FitHooks, mesh: Mesh | None) -> FitResult:
     started = time.time()
     t = config.train
-    cache_line = compile_cache.enable(t.compile_cache, run_dir)   # before anything compiles
     with _setup_errors():
+        cache_line = compile_cache.enable(t.compile_cache, run_dir)   # before anything compiles
         _check_data_order(config, run_dir)
         tokenizer = load_tokenizer(config.data.tokenizer)
         session = build_session(config, tokenizer.vocab_size, mesh)

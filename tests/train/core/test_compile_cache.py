@@ -36,6 +36,19 @@ def test_enable_sets_the_run_cache_only_where_none_is_set(tmp_path):
         jax.config.update("jax_compilation_cache_dir", before)
 
 
+def test_an_unwritable_directory_is_one_error_naming_it(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    before = jax.config.jax_compilation_cache_dir
+    try:
+        jax.config.update("jax_compilation_cache_dir", None)
+        with pytest.raises(ValueError, match=f"train.compile_cache: cannot create {blocker}/xla"):
+            compile_cache.enable(str(blocker / "xla"), tmp_path)
+        assert jax.config.jax_compilation_cache_dir is None
+    finally:
+        jax.config.update("jax_compilation_cache_dir", before)
+
+
 def test_an_empty_setting_is_a_config_error():
     with pytest.raises(ConfigError, match="train.compile_cache must be 'run', 'off' or a directory"):
         validate(Config(train=TrainConfig(compile_cache=" ")))
