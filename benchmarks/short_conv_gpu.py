@@ -12,8 +12,7 @@ against float32 ("xla" on the same rounded x). Exits 1 when "pallas" is more tha
 from float32 as "xla" (plus 1e-3); for y the floor of "xla"'s error is float32 y rounded to
 x's dtype, since neither can be closer than that. `--trace`: then each one's forward+backward
 under jax.profiler, device ms per kernel (the kernel and every XLA fusion around it),
-costliest first. The kernels' switches come from the environment through
-benchmarks/gpu/with_knobs.py (CONV).
+costliest first.
 """
 
 import argparse

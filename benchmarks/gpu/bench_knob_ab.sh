@@ -1,8 +1,10 @@
 # `python -m train bench PRESET` at 2048 x 8 (8 steps) once per VALUE of the environment switch
-# KNOB (benchmarks/gpu/with_knobs.py), one after the other on the same machine, with the
-# wheels installed and PYTHONPATH set first as the other scripts beside this file do. LIMIT:
-# seconds per run (default 150). Writes $OUT/bench_PRESET_KNOB_VALUE.json.
+# KNOB (benchmarks/gpu/with_knobs.py), one after the other on the same machine. Needs the
+# wheels of .whl/ for the train step. LIMIT: seconds per run (default 150). Writes
+# $OUT/bench_PRESET_KNOB_VALUE.json.
 #     bash benchmarks/gpu/bench_knob_ab.sh FIELDS fpa_125m by_level kernels
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 knob=$1 preset=$2
 shift 2
 for value in "$@"; do

@@ -1,7 +1,6 @@
 """benchmarks/kernel_op_count.py: what it counts per MLIR operation, and that it finds one way
-through the FPA sweeps per share path of a computed tile (dq: no dead pair, query minimum,
-separable, row-referenced; dk/dv without the query minimum), each above the plain softmax
-tile; and, read from the lowered kernels, that the compiled shares take their reciprocal as one
+through the FPA sweeps per share path of a computed tile (no dead pair, query minimum,
+separable, row-referenced), each above the plain softmax tile; and, read from the lowered kernels, that the compiled shares take their reciprocal as one
 rcp.approx per pair."""
 
 import pytest

@@ -171,14 +171,17 @@ def fit(config: Config, run_dir: str | Path, *, hooks: FitHooks = FitHooks(),
     """Train `config` in `run_dir`, resuming from its newest checkpoint if there is one.
     Raises DivergenceError (see the module doc) and runs.RunLockedError."""
     with claimed_run_dir(run_dir) as run_dir:
-        return _fit_locked(config, run_dir, hooks, mesh)
+        with _setup_errors():
+            cache = compile_cache.RunCache(config.train.compile_cache, run_dir)
+        with cache as cache_line:   # before anything compiles; left before the dir's cleanup
+            return _fit_locked(config, run_dir, hooks, mesh, cache_line)
 
 
-def _fit_locked(config: Config, run_dir: Path, hooks: FitHooks, mesh: Mesh | None) -> FitResult:
+def _fit_locked(config: Config, run_dir: Path, hooks: FitHooks, mesh: Mesh | None,
+                cache_line: str) -> FitResult:
     started = time.time()
     t = config.train
     with _setup_errors():
-        cache_line = compile_cache.enable(t.compile_cache, run_dir)   # before anything compiles
         _check_data_order(config, run_dir)
         tokenizer = load_tokenizer(config.data.tokenizer)
         session = build_session(config, tokenizer.vocab_size, mesh)

@@ -352,8 +352,8 @@ def test_fpa_tile_paths_chosen_per_tile_match_the_oracle():
 def test_fpa_query_minimum_tiles_match_the_oracle():
     """FoX's fields (phi = psi = a walk of negative steps, fresh rates): every off-diagonal
     tile has its range minimum on the query side and every pair dead, the query-minimum path
-    (3 of `_share_path`: u from one subtraction, coef = dS; taken by both sweeps); a rise in the second half puts the tiles after it back on
-    the other paths in the same row. Then every pair dead but a dip inside the first key block
+    (3 of `_share_path`: u from one subtraction, coef = dS; taken by both sweeps); a rise in
+    the second half puts the tiles after it back on the other paths in the same row. Then every pair dead but a dip inside the first key block
     below every later field value: those keys' range minimum is their own side, so their tiles
     must not take path 3."""
     seed = case_seed(715)
