@@ -7,7 +7,8 @@ for the GPU scripts beside this file (unset or empty: the library's default):
     OUTPUTS       "xla" | "pallas"          vjp.OUTPUTS
     STATE_GRADIENTS  "xla" | "pallas"       vjp.STATE_GRADIENTS
     CONV          "xla"                     the short convolutions without their kernel backward
-    FIELDS        "by_level" | "kernels" | "all_levels"   .../attention/fields.py FIELD_PASSES
+    FIELDS        "by_level" | "kernels" | "all_levels" | "spread_kernel"
+                                            .../attention/fields.py FIELD_PASSES
 
     python3 benchmarks/gpu/with_knobs.py -m train bench gdn_125m --context 2048 --batch-size 8
     OUTPUTS=xla python3 benchmarks/gpu/with_knobs.py benchmarks/op_trace.py gdn

@@ -48,6 +48,11 @@ FIELD_PASSES (read when traced) picks how the statistics and spreads are formed:
                 intermediates if XLA does not fuse them. On an H200 it compiles fpa_125m 8.7 s
                 faster than "by_level" but costs 0.37 ms more per layer call and 9% of the
                 train step's throughput (docs/benchmarks.md, "Every level at once")
+  "spread_kernel"  the statistics as "by_level", the level spreads in fields_kernels.py's
+                spread kernel, which reads the minima from a pack of the XLA levels: about 440
+                of the backward's StableHLO ops per layer go (benchmarks/hlo_op_count.py),
+                while the statistics keep their two exponentials per level and position; not
+                yet timed on a GPU
 The XLA forms are also the reference the kernels are tested against.
 """
 
@@ -62,7 +67,7 @@ from mixer_kernels.mosaic_gpu.attention.common import BIG
 from mixer_kernels.mosaic_gpu.attention.common import decay
 
 FIELD_PASSES = "by_level"
-PASSES = ("kernels", "by_level", "all_levels")
+PASSES = ("kernels", "by_level", "all_levels", "spread_kernel")
 
 
 def num_levels(block):
@@ -276,6 +281,16 @@ def spread_gap(gap_total, block_min, phi, block, tau):
     return (totals[..., None] * decay(x - block_min[..., None], tau)).reshape(phi.shape)
 
 
+def minima_pack(levels, block):
+    """The stats pack without masses ([B, H, nb, rows, n], fields_kernels.stat_row's order)
+    from the XLA forms' (pre_min, pre_mass, suf_min, suf_mass) [B, H, Lv, Tp]."""
+    pre_min, _, suf_min, _ = levels
+    top = num_levels(block) - 1
+    rows = jnp.concatenate([pre_min[:, :, :top], suf_min[:, :, :top], pre_min[:, :, top:],
+                            suf_min[:, :, top:]], axis=2)
+    return _levels_by_block(rows, block)[..., 0]
+
+
 def field_gradient(shares, gap_total, phi, block, tau, stats):
     """dphi [B, H, Tp] from the kernels' shares: shares [B, H, nb, 2 Lv, n] (the key side's
     levels 0 .. top, then the query side's), gap_total [B, H, nb(i), nb(j)], stats the
@@ -283,6 +298,9 @@ def field_gradient(shares, gap_total, phi, block, tau, stats):
     levels = num_levels(block)
     if stats.pack is not None:
         dphi = fields_kernels.spread_pack(shares, stats.pack, phi, block, tau)
+    elif _passes() == "spread_kernel":
+        dphi = fields_kernels.spread_pack(shares, minima_pack(stats.levels, block), phi, block,
+                                          tau)
     else:
         pre_min, _, suf_min, _ = stats.levels
         dphi = (spread_levels(_levels_first(shares[:, :, :, :levels]), suf_min, phi, block, tau,

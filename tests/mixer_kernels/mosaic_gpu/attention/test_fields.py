@@ -128,12 +128,33 @@ def test_stats_kernel_matches_the_definition(drift, tau, masses):
             np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5, err_msg=kind)
 
 
-@pytest.mark.slow   # FIELD_PASSES = "kernels", not the default
-@pytest.mark.parametrize("masses", [True, False])
-def test_spread_kernel_matches_the_xla_passes(masses):
+def _stats_pack(phi, tau, source):
+    """The stats pack the spread kernel reads: the stats kernel's with or without masses
+    ("kernels"), or the XLA levels' minima ("spread_kernel")."""
+    if source == "xla_minima":
+        return fields.minima_pack(fields.level_stats(phi, BLOCK, tau), BLOCK)
+    return fields_kernels.level_stats_pack(phi, BLOCK, tau, source == "kernel_masses")
+
+
+def test_minima_pack_is_the_stats_kernels_pack_without_masses():
+    """fields.minima_pack (FIELD_PASSES "spread_kernel") lays the XLA levels' minima out as the
+    stats kernel does without masses, bit for bit (a minimum does not round)."""
+    rng = np.random.default_rng(case_seed(35))
+    phi = jnp.asarray(_walk(rng, (1, 2, 2 * BLOCK), -3.0), jnp.float32)
+    want = jax.jit(lambda p: _stats_pack(p, 1.0, "xla_minima"))(phi)
+    with gpu_interpret():
+        got = jax.jit(lambda p: _stats_pack(p, 1.0, "kernel_minima"))(phi)
+    assert got.shape == want.shape
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+@pytest.mark.slow   # FIELD_PASSES = "kernels" / "spread_kernel", not the default
+@pytest.mark.parametrize("source", ["kernel_masses", "kernel_minima", "xla_minima"])
+def test_spread_kernel_matches_the_xla_passes(source):
     """The level spreads of both sides from the shares pack equal the XLA form's (which the
-    test above checks against the definition); drift -200 keeps the exponents' clamps busy."""
-    rng = np.random.default_rng(case_seed(31 + masses))
+    test above checks against the definition), whichever pack gives the kernel its minima;
+    drift -200 keeps the exponents' clamps busy."""
+    rng = np.random.default_rng(case_seed(31 + len(source)))
     tau, levels = 0.7, fields.num_levels(BLOCK)
     batch, heads, length = 1, 2, 2 * BLOCK
     phi = jnp.asarray(_walk(rng, (batch, heads, length), -200.0 / length), jnp.float32)
@@ -143,9 +164,8 @@ def test_spread_kernel_matches_the_xla_passes(masses):
     want = np.asarray(_xla_spreads(col_share, row_share, phi, tau, fields.FIELD_PASSES))
     with gpu_interpret():
         got = jax.jit(lambda c, r, p: fields_kernels.spread_pack(
-            jnp.concatenate([blocks(c), blocks(r)], axis=3),
-            fields_kernels.level_stats_pack(p, BLOCK, tau, masses), p, BLOCK, tau))(
-                col_share, row_share, phi)
+            jnp.concatenate([blocks(c), blocks(r)], axis=3), _stats_pack(p, tau, source), p,
+            BLOCK, tau))(col_share, row_share, phi)
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5,
                                atol=1e-5 * float(np.abs(want).max()))
 
@@ -179,13 +199,15 @@ def test_backward_gradients_agree_under_every_field_pass_form(monkeypatch):
                                        err_msg=form)
 
 
-def test_field_kernels_lower_for_hopper(monkeypatch):
-    """The statistics (forward: minima only; backward: with masses) and the spread lower as
-    Mosaic GPU kernels: three custom calls of their own in the op's forward and backward."""
+@pytest.mark.parametrize("passes", ["kernels", "spread_kernel"])
+def test_field_kernels_lower_for_hopper(passes, monkeypatch):
+    """"kernels": the statistics (forward: minima only; backward: with masses) and the spread
+    lower as Mosaic GPU kernels, three custom calls of their own in the op's forward and
+    backward; "spread_kernel": the backward's spread alone."""
     from tests.mixer_kernels.mosaic_gpu.attention.schedule_cases import backward_case
     from mixer_kernels.mosaic_gpu.attention.backward import attention_backward
     from mixer_kernels.mosaic_gpu.attention.forward import attention_forward
-    monkeypatch.setattr(fields, "FIELD_PASSES", "kernels")
+    monkeypatch.setattr(fields, "FIELD_PASSES", passes)
     args, bias, segment_ids = backward_case(0, "fpa")
     args = tuple(x.astype(jnp.bfloat16) if x.ndim == 4 else x for x in args)
     lower = lambda fn, *a: jax.jit(fn).trace(*a).lower(lowering_platforms=("cuda",)).as_text()
@@ -193,5 +215,6 @@ def test_field_kernels_lower_for_hopper(monkeypatch):
                                                       segment_ids=segment_ids), *args[:3])
     backward = lower(lambda *a: attention_backward(*a, bias=bias, scale=0.125,
                                                    segment_ids=segment_ids), *args)
-    assert forward.count("fpa_field_stats") >= 1 and "fpa_field_spread" not in forward
-    assert backward.count("fpa_field_stats") >= 1 and backward.count("fpa_field_spread") >= 1
+    stats = passes == "kernels"
+    assert ("fpa_field_stats" in forward) == stats and "fpa_field_spread" not in forward
+    assert ("fpa_field_stats" in backward) == stats and "fpa_field_spread" in backward
